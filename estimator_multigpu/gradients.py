@@ -1,0 +1,195 @@
+"""Gradients: `TowerOptimizer` records each tower's, the plan combines them.
+
+Inside a tower, `TowerOptimizer.compute_gradients` scales the tower's
+gradients by its share of the global batch, and `apply_gradients` only records
+them. Once every tower is built, `apply_tower_gradients` sums the recorded
+gradients per variable on the aggregation device (`IndexedSlices` stay sparse,
+`None` is skipped), optionally clips them by global norm, and applies them once
+with the wrapped optimizer, so `global_step` moves once per step.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from absl import logging
+import tensorflow as tf
+
+from estimator_multigpu import towers as towers_lib
+
+tf1 = tf.compat.v1
+
+
+class TowerOptimizer(tf1.train.Optimizer):
+  """Wraps a `tf.compat.v1.train.Optimizer` for use inside `multi_gpu`.
+
+  Outside `multi_gpu`, or with one tower, it behaves exactly like the
+  optimizer it wraps. With several towers, each tower's `minimize` (or
+  `compute_gradients` + `apply_gradients`) records the tower's gradients and
+  returns a no-op; the wrapper applies the combined gradients once per step.
+  Several optimizers and several losses are matched across towers by call
+  order. Any other attribute (e.g. `SyncReplicasOptimizer`'s
+  `make_session_run_hook`) is the wrapped optimizer's.
+  """
+
+  def __init__(self, optimizer: tf1.train.Optimizer):
+    """Wraps `optimizer`.
+
+    Raises:
+      TypeError: `optimizer` is not a `tf.compat.v1.train.Optimizer`.
+    """
+    if not isinstance(optimizer, tf1.train.Optimizer):
+      raise TypeError(
+          "`TowerOptimizer` wraps a `tf.compat.v1.train.Optimizer` (e.g. "
+          f"MomentumOptimizer); got {type(optimizer).__name__}. Keras "
+          "optimizers are not supported by Estimator model_fns.")
+    super().__init__(use_locking=False, name=f"Tower{optimizer.get_name()}")
+    self._optimizer = optimizer
+
+  def __getattr__(self, name):
+    optimizer = self.__dict__.get("_optimizer")
+    if optimizer is None:
+      raise AttributeError(name)
+    return getattr(optimizer, name)
+
+  def compute_gradients(self, loss, var_list=None, **kwargs):
+    """The wrapped optimizer's gradients, scaled by the tower's batch share."""
+    tower = towers_lib.current_tower()
+    if tower is None:
+      return self._optimizer.compute_gradients(loss, var_list, **kwargs)
+    kwargs["colocate_gradients_with_ops"] = True
+    grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
+                                                       **kwargs)
+    return [(_scale(g, tower.gradient_weight), v) for g, v in grads_and_vars]
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    """Records the tower's gradients; outside a tower, applies them."""
+    tower = towers_lib.current_tower()
+    if tower is None:
+      return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+    tower.optimizer_calls.append(towers_lib.OptimizerCall(
+        self._optimizer, list(grads_and_vars), global_step, name))
+    return tf.no_op(name="recorded_for_tower_aggregation")
+
+  def get_slot(self, *args, **kwargs):
+    return self._optimizer.get_slot(*args, **kwargs)
+
+  def get_slot_names(self, *args, **kwargs):
+    return self._optimizer.get_slot_names(*args, **kwargs)
+
+  def variables(self):
+    return self._optimizer.variables()
+
+
+def _scale(grad, weight):
+  """grad * weight, and 0 where weight is 0 even if grad is NaN or Inf."""
+  if grad is None or (isinstance(weight, float) and weight == 1.0):
+    return grad
+  if isinstance(grad, tf.IndexedSlices):
+    return tf.IndexedSlices(
+        tf.math.multiply_no_nan(grad.values,
+                                tf.cast(weight, grad.values.dtype)),
+        grad.indices, grad.dense_shape)
+  return tf.math.multiply_no_nan(grad, tf.cast(weight, grad.dtype))
+
+
+def apply_tower_gradients(towers: list, aggregation_device: Optional[str],
+                          clip_norm: Optional[float]) -> list:
+  """Applies every recorded optimizer call once, with combined gradients.
+
+  Args:
+    towers: the built towers; their `optimizer_calls` must line up.
+    aggregation_device: where gradients are summed and applied.
+    clip_norm: if set, clip the combined gradients to this global norm.
+
+  Returns:
+    The apply ops, one per optimizer call of tower 0.
+
+  Raises:
+    ValueError: towers made different numbers of calls, or their variable
+      lists differ.
+  """
+  _check_call_counts(towers)
+  ops = []
+  for position, first_call in enumerate(towers[0].optimizer_calls):
+    calls = [tower.optimizer_calls[position] for tower in towers]
+    with tf.device(aggregation_device), tf.name_scope("tower_gradients"):
+      grads_and_vars = sum_tower_gradients(
+          [call.grads_and_vars for call in calls])
+      if clip_norm is not None:
+        grads_and_vars = clip_by_global_norm(grads_and_vars, clip_norm)
+    with tf.device(aggregation_device):
+      ops.append(first_call.optimizer.apply_gradients(
+          grads_and_vars, first_call.global_step, first_call.name))
+  return ops
+
+
+def _check_call_counts(towers: list) -> None:
+  counts = [len(tower.optimizer_calls) for tower in towers]
+  if len(set(counts)) > 1:
+    raise ValueError(
+        "Towers called `TowerOptimizer.apply_gradients` (or `minimize`) "
+        f"different numbers of times: {counts} (tower 0 first). The model_fn "
+        "must make the same optimizer calls, in the same order, in every tower.")
+
+
+def sum_tower_gradients(tower_grads: list) -> list:
+  """Sums per-variable gradients over towers.
+
+  Args:
+    tower_grads: per tower, a list of `(gradient, variable)` pairs over the
+      same variables in the same order.
+
+  Returns:
+    One list of `(gradient, variable)`; a gradient is None when every tower's
+    is None, `IndexedSlices` when every tower's is.
+  """
+  _check_variables_line_up(tower_grads)
+  combined = []
+  for pairs in zip(*tower_grads):
+    grads = [g for g, _ in pairs if g is not None]
+    combined.append((_sum(grads), pairs[0][1]))
+  missing = [v.op.name for g, v in combined if g is None]
+  if missing:
+    logging.warning("multi_gpu: no gradient for %d variable(s): %s",
+                    len(missing), ", ".join(missing))
+  return combined
+
+
+def _sum(grads: list):
+  if not grads:
+    return None
+  if len(grads) == 1:
+    return grads[0]
+  if all(isinstance(g, tf.IndexedSlices) for g in grads):
+    return tf.IndexedSlices(tf.concat([g.values for g in grads], axis=0),
+                            tf.concat([g.indices for g in grads], axis=0),
+                            grads[0].dense_shape)
+  return tf.math.add_n([tf.convert_to_tensor(g) for g in grads])
+
+
+def _check_variables_line_up(tower_grads: list) -> None:
+  reference = [v for _, v in tower_grads[0]]
+  for index, pairs in enumerate(tower_grads[1:], start=1):
+    variables = [v for _, v in pairs]
+    if variables != reference:
+      only_0 = sorted({v.op.name for v in reference} -
+                      {v.op.name for v in variables})
+      only_i = sorted({v.op.name for v in variables} -
+                      {v.op.name for v in reference})
+      logging.error("multi_gpu: tower 0 vs tower %d variables differ: only "
+                    "in tower 0: %s; only in tower %d: %s",
+                    index, only_0, index, only_i)
+      raise ValueError(
+          f"Tower {index} computed gradients for different variables than "
+          f"tower 0 (only in tower 0: {only_0 or 'none'}; only in tower "
+          f"{index}: {only_i or 'none'}; or a different order). Every tower "
+          "must call the optimizer on the same variables.")
+
+
+def clip_by_global_norm(grads_and_vars: list, clip_norm: float) -> list:
+  """Clips the gradients (None skipped) to a global norm of `clip_norm`."""
+  present = [(g, v) for g, v in grads_and_vars if g is not None]
+  clipped, _ = tf.clip_by_global_norm([g for g, _ in present], clip_norm)
+  by_variable = {id(v): g for (_, v), g in zip(present, clipped)}
+  return [(by_variable.get(id(v)), v) for _, v in grads_and_vars]

@@ -1,0 +1,337 @@
+"""The `multi_gpu` decorator: one tower per device, one merged EstimatorSpec."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any, Callable, Optional, Sequence, Union
+
+from absl import logging
+import tensorflow as tf
+from tensorflow.python.util import function_utils  # pylint: disable=g-direct-tensorflow-import
+
+from estimator_multigpu import devices as devices_lib
+from estimator_multigpu import ema as ema_lib
+from estimator_multigpu import gradients as gradients_lib
+from estimator_multigpu import specs as specs_lib
+from estimator_multigpu import splitting
+from estimator_multigpu import towers as towers_lib
+
+tf1 = tf.compat.v1
+ModeKeys = tf.estimator.ModeKeys
+ModelFn = Callable[..., tf.estimator.EstimatorSpec]
+LOSS_REDUCTIONS = ("mean", "sum")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The decorator's options, checked when the model_fn is wrapped."""
+  devices: Optional[list]
+  ps_device: Optional[str]
+  loss_reduction: str
+  ema_decay: Optional[float]
+  clip_gradients_by_norm: Optional[float]
+  use_ema_weights: bool
+
+
+def multi_gpu(model_fn: Optional[ModelFn] = None, *,
+              devices: Union[None, int, Sequence[str]] = None,
+              ps_device: Optional[str] = None,
+              loss_reduction: str = "mean",
+              ema_decay: Optional[float] = None,
+              clip_gradients_by_norm: Optional[float] = None,
+              use_ema_weights: bool = True) -> Any:
+  """Makes a single-device Estimator `model_fn` train on several devices.
+
+  The global batch that `input_fn` yields is cut into one contiguous shard
+  per device (a *tower*); the `model_fn` is called once per tower with its
+  shard; the towers share one set of variables; and one `EstimatorSpec`
+  covering the whole global batch is returned. N towers compute the same
+  loss, gradients, metrics and predictions as the unwrapped `model_fn` on
+  one device, up to floating-point rounding.
+
+  Rules the `model_fn` must follow:
+    1. Wrap every optimizer in `TowerOptimizer` (an unwrapped one is an error
+       with more than one tower). Call it the same way in every tower.
+    2. With `loss_reduction="mean"` (default) the loss must be a mean over
+       the tower's examples, plus any batch-independent terms such as weight
+       decay; with `"sum"` it must be a sum over them (a batch-independent
+       term would then be counted once per tower).
+    3. Create the same variables in every tower, unconditionally. Variables
+       get exactly the unwrapped names; towers 1.. reuse them, whether made
+       by `tf.compat.v1.get_variable`, tf-slim, `tf.compat.v1.layers`, Keras
+       layers built inside the `model_fn`, or `tf.Variable`.
+    4. Batch-norm statistics inside a tower come from that tower's shard; the
+       UPDATE_OPS of tower 0 run once per step (towers 1.. are not run).
+    5. Gradient clipping written inside the `model_fn` clips each tower's
+       share of the gradient; use `clip_gradients_by_norm` for the
+       single-device clip of the combined gradient.
+    6. Streaming metrics must have additive state (totals, counts, confusion
+       counts: every `tf.compat.v1.metrics` function qualifies).
+
+  Shared and per tower: variables, optimizer slots, metric state, hooks and
+  the scaffold exist once; ops, shards and batch statistics are per tower.
+  Inside a tower, the LOSSES, UPDATE_OPS, SUMMARIES and REGULARIZATION_LOSSES
+  collections show only that tower's items, so `get_total_loss()` works.
+
+  How each mode is merged:
+    TRAIN: loss = Σ (nᵢ/n)·lossᵢ ("mean") or Σ lossᵢ ("sum"); gradients summed
+      on the aggregation device (sparse stays sparse) and applied once;
+      tower 0's train_op, hooks, scaffold and summaries are kept.
+    EVAL: the loss as in TRAIN; each metric over the union of all shards.
+    PREDICT: predictions and export outputs concatenated in input order.
+    Export (`Estimator.export_saved_model`): one tower, no device placement,
+      so the SavedModel serves on any machine at any batch size.
+
+  With `ema_decay`, shadow variables `<name>/ExponentialMovingAverage` track
+  the trainable variables and batch-norm moving statistics after every step
+  (see `estimator_multigpu.ema`), and EVAL, PREDICT and export use them.
+
+  Example:
+    >>> @multi_gpu(devices=2)
+    ... def model_fn(features, labels, mode, params):
+    ...   logits = tf.compat.v1.layers.dense(features["x"], 10)
+    ...   loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    ...   opt = TowerOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    ...   train_op = opt.minimize(loss, tf.compat.v1.train.get_global_step())
+    ...   return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  Args:
+    model_fn: `(features, labels, mode[, params][, config]) -> EstimatorSpec`.
+      When omitted, `multi_gpu(...)` returns the decorator.
+    devices: None (every visible GPU, else one CPU tower), an int n (the
+      first n GPUs), or device strings (`/gpu:0`, `/GPU:0`, `/device:GPU:0`,
+      `/cpu:1`). Each must exist in the session; for N towers on a CPU, use
+      `make_session_config(num_cpus=N)` in the RunConfig.
+    ps_device: where shared variables live and gradients are combined (the
+      aggregation device). None: `/cpu:0` with several towers; the tower's
+      own device with one.
+    loss_reduction: "mean" or "sum", what the model_fn's loss is (rule 2).
+    ema_decay: float in (0, 1) to keep an exponential moving average of the
+      weights; None for none.
+    clip_gradients_by_norm: clip the combined gradients to this global norm.
+    use_ema_weights: with `ema_decay`, evaluate, predict and export with the
+      averaged weights (True) or the raw ones (False).
+
+  Returns:
+    The wrapped `model_fn(features, labels, mode, params, config)`.
+
+  Raises:
+    TypeError, ValueError: an option is malformed (raised when wrapping);
+      devices that do not exist and model_fn mistakes raise when the graph
+      is built.
+  """
+  options = check_options(devices, ps_device, loss_reduction, ema_decay,
+                          clip_gradients_by_norm, use_ema_weights)
+  if model_fn is None:
+    return lambda fn: _wrap(fn, options)
+  return _wrap(model_fn, options)
+
+
+def check_options(devices, ps_device, loss_reduction, ema_decay,
+                  clip_gradients_by_norm, use_ema_weights) -> Options:
+  """Validates the decorator's options; messages say how to fix them."""
+  if loss_reduction not in LOSS_REDUCTIONS:
+    raise ValueError(
+        f"`loss_reduction` is {loss_reduction!r}; expected one of "
+        f"{', '.join(map(repr, LOSS_REDUCTIONS))}: 'mean' when the model_fn's "
+        "loss is a mean over its examples, 'sum' when it is a sum.")
+  _check_open_interval("ema_decay", ema_decay, 0.0, 1.0, "e.g. 0.999")
+  _check_open_interval("clip_gradients_by_norm", clip_gradients_by_norm,
+                       0.0, float("inf"), "e.g. 5.0")
+  return Options(
+      devices=None if devices is None else devices_lib.resolve_devices(
+          devices),
+      ps_device=None if ps_device is None else devices_lib.canonical_device(
+          ps_device),
+      loss_reduction=loss_reduction, ema_decay=ema_decay,
+      clip_gradients_by_norm=clip_gradients_by_norm,
+      use_ema_weights=bool(use_ema_weights))
+
+
+def _check_open_interval(name, value, low, high, example) -> None:
+  if value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise TypeError(f"`{name}` must be a number or None; got {value!r}.")
+  if not low < value < high:
+    raise ValueError(
+        f"`{name}` is {value}; expected a number in ({low}, {high}), "
+        f"{example}, or None to turn it off.")
+
+
+def _wrap(model_fn: ModelFn, options: Options) -> ModelFn:
+  if not callable(model_fn):
+    raise TypeError(f"`multi_gpu` wraps a model_fn; got {model_fn!r}.")
+
+  def replicated_model_fn(features, labels, mode, params, config):
+    return build_spec(model_fn, options, features, labels, mode, params,
+                      config)
+
+  replicated_model_fn.__name__ = getattr(model_fn, "__name__", "model_fn")
+  replicated_model_fn.__doc__ = model_fn.__doc__
+  return replicated_model_fn
+
+
+def call_model_fn(model_fn, features, labels, mode, params, config):
+  """Calls `model_fn` with the arguments it declares; checks what it returns."""
+  accepted = _fn_args(model_fn)
+  kwargs = {name: value for name, value in
+            (("params", params), ("config", config), ("mode", mode))
+            if name in accepted}
+  spec = model_fn(features, labels, **kwargs) if "labels" in accepted else (
+      model_fn(features, **kwargs))
+  if not isinstance(spec, tf.estimator.EstimatorSpec):
+    raise TypeError(
+        f"The model_fn returned {type(spec).__name__} ({spec!r:.80}); "
+        "expected a tf.estimator.EstimatorSpec. Return one for every mode.")
+  if mode in (ModeKeys.TRAIN, ModeKeys.EVAL) and spec.loss is None:
+    raise ValueError(
+        f"The model_fn returned an EstimatorSpec without a loss in {mode} "
+        "mode; `multi_gpu` needs each tower's loss to combine them.")
+  return spec
+
+
+def _fn_args(fn) -> tuple:
+  return tuple(function_utils.fn_args(fn))
+
+
+def building_export_graph() -> bool:
+  """Whether Estimator is building a SavedModel graph right now."""
+  frame = sys._getframe(1)  # pylint: disable=protected-access
+  while frame is not None:
+    if frame.f_code.co_name == "_add_meta_graph_for_mode":
+      return True
+    frame = frame.f_back
+  return False
+
+
+def build_spec(model_fn, options, features, labels, mode, params, config):
+  """Builds the towers for one graph and merges their specs."""
+  if building_export_graph():
+    spec = call_model_fn(model_fn, features, labels, mode, params, config)
+    return _with_ema(spec, mode, options, None)
+  plan = make_plan(options, config)
+  if plan.num_towers == 1 and options.clip_gradients_by_norm is None:
+    with tf.device(plan.devices[0]):
+      spec = call_model_fn(model_fn, features, labels, mode, params, config)
+    return _with_ema(spec, mode, options, plan.aggregation_device)
+  split = splitting.split_batch(features, labels, plan.num_towers)
+  log_plan(plan, split, mode)
+  towers = build_towers(model_fn, plan, split, mode, params, config,
+                        options.loss_reduction)
+  train_op = (_train_op(towers, plan, options) if mode == ModeKeys.TRAIN
+              else None)
+  spec = specs_lib.merge_specs(towers, mode, train_op)
+  return _with_ema(spec, mode, options, plan.aggregation_device)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Where towers, variables and gradient aggregation go for one graph."""
+  devices: list
+  variable_device: Optional[str]
+  aggregation_device: str
+
+  @property
+  def num_towers(self) -> int:
+    return len(self.devices)
+
+
+def make_plan(options: Options, config) -> Plan:
+  """Resolves the devices for this graph and checks that they exist."""
+  devices = options.devices or devices_lib.resolve_devices(None)
+  session_config = getattr(config, "session_config", None)
+  devices_lib.check_devices_exist(devices, session_config)
+  if options.ps_device:
+    devices_lib.check_devices_exist([options.ps_device], session_config)
+  if len(devices) == 1:
+    return Plan(devices, options.ps_device, options.ps_device or devices[0])
+  variable_device = options.ps_device or "/device:CPU:0"
+  return Plan(devices, variable_device, variable_device)
+
+
+def log_plan(plan: Plan, split: splitting.Split, mode: str) -> None:
+  per_tower = (split.sizes if split.static else
+               "known at run time (sizes differ by at most 1)")
+  logging.info(
+      "multi_gpu %s: %d towers on %s; variables on %s; gradients aggregated "
+      "on %s; global batch %s -> per-tower batch %s", mode, plan.num_towers,
+      ", ".join(map(devices_lib.short_name, plan.devices)),
+      devices_lib.short_name(plan.variable_device),
+      devices_lib.short_name(plan.aggregation_device),
+      split.global_batch_size if split.static else "dynamic", per_tower)
+
+
+def build_towers(model_fn, plan: Plan, split: splitting.Split, mode, params,
+                 config, loss_reduction: str) -> list:
+  """Calls the model_fn once per tower; returns the built `Tower`s."""
+  sharing = towers_lib.VariableSharing()
+  before_tower0 = towers_lib.snapshot_collections()
+  towers, globals_after_tower0 = [], set()
+  for index, device in enumerate(plan.devices):
+    tower = towers_lib.Tower(index, device, _gradient_weight(
+        split, index, loss_reduction))
+    features, labels = split.shards[index]
+    with towers_lib.tower_scope(tower, plan.variable_device), \
+        towers_lib.isolated_collections(tower, before_tower0), \
+        (sharing.tower0_scope() if index == 0 else sharing.reuse_scope(tower)):
+      tower.spec = _call_in_tower(model_fn, tower, features, labels, mode,
+                                  params, config)
+    if index == 0:
+      sharing.finish_tower0()
+      globals_after_tower0 = {v.op.name for v in tf1.global_variables()}
+    else:
+      towers_lib.check_no_new_globals(tower, globals_after_tower0)
+    towers.append(tower)
+  return towers
+
+
+def _call_in_tower(model_fn, tower, features, labels, mode, params, config):
+  try:
+    return call_model_fn(model_fn, features, labels, mode, params, config)
+  except ValueError as error:
+    if tower.index == 0 or "does not exist" not in str(error):
+      raise
+    raise ValueError(
+        f"Tower {tower.index} asked `get_variable` for a variable that tower "
+        "0 did not create. The model_fn must create the same variables in "
+        f"every tower. TensorFlow said: {error}") from error
+
+
+def _gradient_weight(split: splitting.Split, index: int, loss_reduction: str):
+  """nᵢ / n for "mean", 1 for "sum"; 0 for an empty shard."""
+  size, total = split.sizes[index], split.global_batch_size
+  if split.static:
+    if loss_reduction == "sum":
+      return 1.0 if size > 0 else 0.0
+    return size / total if total else 0.0
+  if loss_reduction == "sum":
+    return tf.cast(size > 0, tf.float32)
+  return tf.math.divide_no_nan(tf.cast(size, tf.float32),
+                               tf.cast(total, tf.float32))
+
+
+def _train_op(towers: list, plan: Plan, options: Options) -> tf.Operation:
+  if not towers[0].optimizer_calls:
+    raise ValueError(
+        "The model_fn's train_op does not come from a `TowerOptimizer`; "
+        f"with {len(towers)} towers an unwrapped optimizer would apply "
+        f"{len(towers)} separate updates per step (and clipping needs it). "
+        "Wrap it: opt = estimator_multigpu.TowerOptimizer(opt).")
+  apply_ops = gradients_lib.apply_tower_gradients(
+      towers, plan.aggregation_device, options.clip_gradients_by_norm)
+  return specs_lib.merged_train_op(towers, apply_ops)
+
+
+def _with_ema(spec, mode, options: Options, device: Optional[str]):
+  """Adds the EMA update (TRAIN) or the averaged-weight saver (others)."""
+  if options.ema_decay is None:
+    return spec
+  if mode == ModeKeys.TRAIN:
+    return spec._replace(train_op=ema_lib.apply_after(
+        spec.train_op, options.ema_decay, device))
+  if not options.use_ema_weights:
+    return spec
+  return spec._replace(scaffold=ema_lib.restoring_scaffold(
+      spec.scaffold, options.ema_decay))

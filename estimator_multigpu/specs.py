@@ -1,0 +1,128 @@
+"""Spec merging: one EstimatorSpec out of the towers' specs.
+
+- loss: Σ wᵢ · lossᵢ with wᵢ = nᵢ / n ("mean") or 1 ("sum"); an empty shard's
+  loss (NaN for a mean over nothing) adds exactly 0.
+- predictions and export outputs: concatenated along axis 0, in tower order,
+  which is input order.
+- eval metrics: the towers share their metric state variables (see
+  `towers.VariableSharing`), so every tower's update adds into one total; the
+  merged metric is tower 0's value with all towers' updates.
+- train_op: tower 0's train_op (whatever the model_fn wrapped around its
+  `minimize`) plus the single application of the combined gradients plus
+  tower 0's UPDATE_OPS.
+- hooks, scaffold: tower 0's; summaries: tower 0's (others never reach the
+  SUMMARIES collection).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+ModeKeys = tf.estimator.ModeKeys
+
+
+def combine_losses(towers: list) -> tf.Tensor:
+  """The weighted sum of the towers' losses."""
+  with tf.name_scope("combined_loss"):
+    terms = [_weighted(tower.spec.loss, tower.gradient_weight)
+             for tower in towers]
+    return terms[0] if len(terms) == 1 else tf.math.add_n(terms)
+
+
+def _weighted(loss: tf.Tensor, weight: Any) -> tf.Tensor:
+  if isinstance(weight, float) and weight == 1.0:
+    return loss
+  return tf.math.multiply_no_nan(loss, tf.cast(weight, loss.dtype))
+
+
+def concat_predictions(per_tower: list) -> Any:
+  """Concatenates a tensor, or a dict of tensors, along axis 0."""
+  if isinstance(per_tower[0], dict):
+    return {key: _concat([p[key] for p in per_tower]) for key in per_tower[0]}
+  return _concat(per_tower)
+
+
+def _concat(pieces: list):
+  if len(pieces) == 1:
+    return pieces[0]
+  if isinstance(pieces[0], tf.SparseTensor):
+    return tf.sparse.concat(axis=0, sp_inputs=pieces)
+  return tf.concat(pieces, axis=0)
+
+
+def merge_export_outputs(per_tower: list) -> Any:
+  """Rebuilds each export output from concatenated tensors."""
+  if not per_tower[0]:
+    return per_tower[0]
+  merged = {}
+  for key, first in per_tower[0].items():
+    outputs = [outputs[key] for outputs in per_tower]
+    merged[key] = _merge_export_output(key, first, outputs)
+  return merged
+
+
+def _merge_export_output(key: str, first, outputs: list):
+  export = tf.estimator.export
+  if isinstance(first, export.PredictOutput):
+    return export.PredictOutput(concat_predictions([o.outputs
+                                                    for o in outputs]))
+  if isinstance(first, export.ClassificationOutput):
+    return export.ClassificationOutput(
+        _concat_or_none([o.scores for o in outputs]),
+        _concat_or_none([o.classes for o in outputs]))
+  if isinstance(first, export.RegressionOutput):
+    return export.RegressionOutput(_concat([o.value for o in outputs]))
+  raise TypeError(
+      f"export output `{key}` is a {type(first).__name__}; `multi_gpu` can "
+      "merge PredictOutput, ClassificationOutput and RegressionOutput across "
+      "towers. Use one of those.")
+
+
+def _concat_or_none(pieces: list):
+  return None if pieces[0] is None else _concat(pieces)
+
+
+def merge_eval_metric_ops(towers: list) -> dict:
+  """Tower 0's metric values, updated by every tower's update op."""
+  first = towers[0].spec.eval_metric_ops or {}
+  for tower in towers[1:]:
+    keys = set(tower.spec.eval_metric_ops or {})
+    if keys != set(first):
+      raise ValueError(
+          f"Tower {tower.index} returned eval_metric_ops {sorted(keys)} but "
+          f"tower 0 returned {sorted(first)}; every tower must return the "
+          "same metrics.")
+  return {name: (value, tf.group(*[t.spec.eval_metric_ops[name][1]
+                                   for t in towers], name=f"update_{name}"))
+          for name, (value, _) in first.items()}
+
+
+def merged_train_op(towers: list, apply_ops: list) -> tf.Operation:
+  """Tower 0's train_op, the gradient application and tower 0's UPDATE_OPS."""
+  update_ops = towers[0].collections.get(tf1.GraphKeys.UPDATE_OPS, [])
+  return tf.group(towers[0].spec.train_op, *apply_ops, *update_ops,
+                  name="multi_gpu_train_op")
+
+
+def merge_specs(towers: list, mode: str, train_op=None) -> Any:
+  """The EstimatorSpec covering the whole global batch."""
+  first = towers[0].spec
+  loss = combine_losses(towers) if first.loss is not None else None
+  kwargs = dict(mode=mode, loss=loss, train_op=train_op,
+                scaffold=first.scaffold,
+                training_chief_hooks=first.training_chief_hooks,
+                training_hooks=first.training_hooks,
+                evaluation_hooks=first.evaluation_hooks,
+                prediction_hooks=first.prediction_hooks)
+  if first.predictions is not None and mode != ModeKeys.TRAIN:
+    kwargs["predictions"] = concat_predictions(
+        [t.spec.predictions for t in towers])
+  if mode == ModeKeys.PREDICT:
+    kwargs["export_outputs"] = merge_export_outputs(
+        [t.spec.export_outputs for t in towers])
+  if mode == ModeKeys.EVAL:
+    kwargs["eval_metric_ops"] = merge_eval_metric_ops(towers)
+  return tf.estimator.EstimatorSpec(**kwargs)
