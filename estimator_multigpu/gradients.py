@@ -68,7 +68,8 @@ class TowerOptimizer(tf1.train.Optimizer):
     if tower is None:
       return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
     tower.optimizer_calls.append(towers_lib.OptimizerCall(
-        self._optimizer, list(grads_and_vars), global_step, name))
+        self._optimizer, list(grads_and_vars), global_step, name,
+        tf1.get_variable_scope(), tf1.get_default_graph().get_name_scope()))
     return tf.no_op(name="recorded_for_tower_aggregation")
 
   def get_slot(self, *args, **kwargs):
@@ -118,7 +119,7 @@ def apply_tower_gradients(towers: list, aggregation_device: Optional[str],
           [call.grads_and_vars for call in calls])
       if clip_norm is not None:
         grads_and_vars = clip_by_global_norm(grads_and_vars, clip_norm)
-    with tf.device(aggregation_device):
+    with tf.device(aggregation_device), first_call.scopes():
       ops.append(first_call.optimizer.apply_gradients(
           grads_and_vars, first_call.global_step, first_call.name))
   return ops

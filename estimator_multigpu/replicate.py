@@ -267,14 +267,14 @@ def build_towers(model_fn, plan: Plan, split: splitting.Split, mode, params,
                  config, loss_reduction: str) -> list:
   """Calls the model_fn once per tower; returns the built `Tower`s."""
   sharing = towers_lib.VariableSharing()
-  before_tower0 = towers_lib.snapshot_collections()
+  before_tower0 = towers_lib.GraphState.capture()
   towers, globals_after_tower0 = [], set()
   for index, device in enumerate(plan.devices):
     tower = towers_lib.Tower(index, device, _gradient_weight(
         split, index, loss_reduction))
     features, labels = split.shards[index]
     with towers_lib.tower_scope(tower, plan.variable_device), \
-        towers_lib.isolated_collections(tower, before_tower0), \
+        towers_lib.isolated_graph_state(tower, before_tower0), \
         (sharing.tower0_scope() if index == 0 else sharing.reuse_scope(tower)):
       tower.spec = _call_in_tower(model_fn, tower, features, labels, mode,
                                   params, config)

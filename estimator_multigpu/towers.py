@@ -39,11 +39,26 @@ _VARIABLE_OPS = frozenset([
 
 @dataclasses.dataclass
 class OptimizerCall:
-  """One `TowerOptimizer.apply_gradients` call made inside a tower."""
+  """One `TowerOptimizer.apply_gradients` call made inside a tower.
+
+  The variable and name scopes of the call are kept so the combined update
+  is built where the unwrapped model_fn would build it (optimizer slots such
+  as `OptimizeLoss/w/Momentum` then get the single-device names).
+  """
   optimizer: tf1.train.Optimizer
   grads_and_vars: list
   global_step: Optional[tf.Variable]
   name: Optional[str]
+  variable_scope: Any = None
+  name_scope: str = ""
+
+  @contextlib.contextmanager
+  def scopes(self):
+    """Re-enters the call's variable scope and name scope."""
+    graph = tf1.get_default_graph()
+    with tf1.variable_scope(self.variable_scope, auxiliary_name_scope=False), \
+        graph.name_scope(self.name_scope + "/" if self.name_scope else ""):
+      yield
 
 
 @dataclasses.dataclass
@@ -179,17 +194,48 @@ def _variable_store_names() -> list:
   return list(store._vars)  # pylint: disable=protected-access
 
 
+@dataclasses.dataclass(frozen=True)
+class GraphState:
+  """What towers 1.. must see as it was before tower 0 was built."""
+  collections: dict
+  scope_counts: dict
+
+  @classmethod
+  def capture(cls) -> "GraphState":
+    graph = tf1.get_default_graph()
+    return cls({key: list(graph.get_collection(key))
+                for key in ISOLATED_COLLECTIONS}, dict(_scope_counts()))
+
+
+def _scope_counts() -> dict:
+  """How often each default variable-scope name was used (for `dense_1`)."""
+  return vs_lib.get_variable_scope_store().variable_scopes_count
+
+
+def _set_scope_counts(counts: dict) -> None:
+  current = _scope_counts()
+  current.clear()
+  current.update(counts)
+
+
 @contextlib.contextmanager
-def isolated_collections(tower: Tower, before_tower0: dict):
-  """Shows the tower only its own items in `ISOLATED_COLLECTIONS`."""
+def isolated_graph_state(tower: Tower, before_tower0: GraphState):
+  """Shows tower 1.. the collections and default names tower 0 saw.
+
+  Inside the tower, `ISOLATED_COLLECTIONS` hold only the tower's own items
+  (REGULARIZATION_LOSSES also keeps tower 0's, which belong to the shared
+  variables), and default names restart, so an unnamed
+  `tf.compat.v1.layers.dense` maps to tower 0's `dense` scope.
+  """
   graph = tf1.get_default_graph()
-  kept = {key: list(graph.get_collection(key)) for key in
-          ISOLATED_COLLECTIONS}
+  kept = GraphState.capture()
   if tower.index > 0:
     for key in ISOLATED_COLLECTIONS:
-      visible = (kept[key] if key == tf1.GraphKeys.REGULARIZATION_LOSSES
-                 else before_tower0[key])
+      visible = (kept.collections[key]
+                 if key == tf1.GraphKeys.REGULARIZATION_LOSSES
+                 else before_tower0.collections[key])
       graph.get_collection_ref(key)[:] = visible
+    _set_scope_counts(before_tower0.scope_counts)
   start = {key: len(graph.get_collection(key)) for key in ISOLATED_COLLECTIONS}
   try:
     yield
@@ -197,13 +243,9 @@ def isolated_collections(tower: Tower, before_tower0: dict):
     for key in ISOLATED_COLLECTIONS:
       tower.collections[key] = graph.get_collection(key)[start[key]:]
       if tower.index > 0:
-        graph.get_collection_ref(key)[:] = kept[key]
-
-
-def snapshot_collections() -> dict:
-  """The isolated collections as they are before tower 0 is built."""
-  graph = tf1.get_default_graph()
-  return {key: list(graph.get_collection(key)) for key in ISOLATED_COLLECTIONS}
+        graph.get_collection_ref(key)[:] = kept.collections[key]
+    if tower.index > 0:
+      _set_scope_counts(kept.scope_counts)
 
 
 @contextlib.contextmanager
