@@ -10,6 +10,7 @@ with the wrapped optimizer, so `global_step` moves once per step.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 from absl import logging
@@ -53,14 +54,22 @@ class TowerOptimizer(tf1.train.Optimizer):
     return getattr(optimizer, name)
 
   def compute_gradients(self, loss, var_list=None, **kwargs):
-    """The wrapped optimizer's gradients, scaled by the tower's batch share."""
+    """The wrapped optimizer's gradients, scaled by the tower's batch share.
+
+    In towers 1.. the control dependencies around the call are dropped: they
+    are usually the tower's UPDATE_OPS, which must not run (only tower 0's
+    batch-norm statistics update the moving averages).
+    """
     tower = towers_lib.current_tower()
     if tower is None:
       return self._optimizer.compute_gradients(loss, var_list, **kwargs)
     kwargs["colocate_gradients_with_ops"] = True
-    grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
-                                                       **kwargs)
-    return [(_scale(g, tower.gradient_weight), v) for g, v in grads_and_vars]
+    with tf.control_dependencies(None) if tower.index else (
+        contextlib.nullcontext()):
+      grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
+                                                         **kwargs)
+      return [(_scale(g, tower.gradient_weight), v)
+              for g, v in grads_and_vars]
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Records the tower's gradients; outside a tower, applies them."""

@@ -258,7 +258,7 @@ def log_plan(plan: Plan, split: splitting.Split, mode: str) -> None:
       "multi_gpu %s: %d towers on %s; variables on %s; gradients aggregated "
       "on %s; global batch %s -> per-tower batch %s", mode, plan.num_towers,
       ", ".join(map(devices_lib.short_name, plan.devices)),
-      devices_lib.short_name(plan.variable_device),
+      devices_lib.short_name(plan.variable_device or plan.devices[0]),
       devices_lib.short_name(plan.aggregation_device),
       split.global_batch_size if split.static else "dynamic", per_tower)
 
