@@ -1,0 +1,59 @@
+"""Input pipelines (`tf.data`) for the Estimator: digits, synthetic, records.
+
+Typical use::
+
+  from estimator_multigpu import data
+  input_fn = data.make_input_fn('digits', 'train', batch_size=64)
+  estimator.train(input_fn, max_steps=1000)
+
+The converter (`convert_image_folder`, `list_image_folder`) is loaded on
+first use, so that ``python -m estimator_multigpu.data.convert`` runs cleanly.
+"""
+
+import importlib
+
+from estimator_multigpu.data.datasets_factory import DATASET_NAMES
+from estimator_multigpu.data.datasets_factory import default_image_size
+from estimator_multigpu.data.datasets_factory import get_dataset
+from estimator_multigpu.data.datasets_factory import make_input_fn
+from estimator_multigpu.data.datasets_factory import num_classes
+from estimator_multigpu.data.digits import digits_dataset
+from estimator_multigpu.data.digits import load_split as load_digits_split
+from estimator_multigpu.data.synthetic import synthetic_dataset
+from estimator_multigpu.data.tfrecord import find_shards
+from estimator_multigpu.data.tfrecord import make_example
+from estimator_multigpu.data.tfrecord import read_label_file
+from estimator_multigpu.data.tfrecord import tfrecord_dataset
+from estimator_multigpu.data.tfrecord import write_label_file
+
+_LAZY = {'convert_image_folder': 'convert', 'list_image_folder': 'convert'}
+
+__all__ = [
+    'DATASET_NAMES',
+    'convert_image_folder',
+    'default_image_size',
+    'digits_dataset',
+    'find_shards',
+    'get_dataset',
+    'list_image_folder',
+    'load_digits_split',
+    'make_example',
+    'make_input_fn',
+    'num_classes',
+    'read_label_file',
+    'synthetic_dataset',
+    'tfrecord_dataset',
+    'write_label_file',
+]
+
+
+def __getattr__(name: str):
+  """Loads the converter's names on first access (PEP 562)."""
+  if name not in _LAZY:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  module = importlib.import_module(f'{__name__}.{_LAZY[name]}')
+  return getattr(module, name)
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

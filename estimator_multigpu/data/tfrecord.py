@@ -1,0 +1,235 @@
+"""Sharded TFRecord files of encoded images, tf-slim style.
+
+Each record is a `tf.train.Example` with the features
+
+* ``image/encoded``: PNG or JPEG bytes,
+* ``image/format``: ``b'png'`` or ``b'jpeg'``,
+* ``image/class/label``: int64 class id,
+* ``image/height``, ``image/width``: int64 size of the encoded image.
+
+A split is stored as ``<data_dir>/<split>-00000-of-0000N.tfrecord`` ...,
+next to a ``labels.txt`` holding one ``id:name`` line per class. The reader
+decodes with `tf.io.decode_image`, resizes (bilinear) to the requested size
+and scales pixels to [0, 1].
+"""
+
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from estimator_multigpu.data import _pipeline
+
+NAME = 'tfrecord'
+IMAGE_KEY = 'image/encoded'
+FORMAT_KEY = 'image/format'
+LABEL_KEY = 'image/class/label'
+HEIGHT_KEY = 'image/height'
+WIDTH_KEY = 'image/width'
+LABELS_FILENAME = 'labels.txt'
+SHARD_SUFFIX = '.tfrecord'
+DEFAULT_CHANNELS = 3
+CHANNELS = (1, 3, 4)
+DEFAULT_SHUFFLE_BUFFER = 1024
+MAX_PARALLEL_READS = 8
+
+_FEATURES = {
+    IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
+    LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
+}
+
+
+def shard_filename(output_dir: str, split: str, index: int,
+                   num_shards: int) -> str:
+  """Returns e.g. ``<output_dir>/train-00001-of-00004.tfrecord``."""
+  name = f'{split}-{index:05d}-of-{num_shards:05d}{SHARD_SUFFIX}'
+  return os.path.join(output_dir, name)
+
+
+def shard_pattern(data_dir: str, split: str) -> str:
+  """Returns the glob ``<data_dir>/<split>-*-of-*`` matching a split."""
+  return os.path.join(data_dir, f'{split}-*-of-*')
+
+
+def find_shards(data_dir: Optional[str], split: str) -> List[str]:
+  """Lists the record files of a split, sorted.
+
+  Args:
+    data_dir: Folder holding the records.
+    split: Split name, e.g. ``'train'``.
+
+  Returns:
+    The sorted, non-empty list of matching paths.
+
+  Raises:
+    ValueError: if `data_dir` is unset or `split` is not a plain name.
+    FileNotFoundError: if `data_dir` is missing or holds no matching file.
+  """
+  _pipeline.check_split_name(split)
+  if not data_dir:
+    raise ValueError(
+        f'Dataset {NAME!r} needs data_dir: the folder holding the '
+        f'{split}-*-of-* record files (see estimator_multigpu.data.convert).')
+  if not tf.io.gfile.isdir(data_dir):
+    raise FileNotFoundError(f'data_dir {data_dir!r} is not a directory.')
+  files = sorted(tf.io.gfile.glob(shard_pattern(data_dir, split)))
+  if not files:
+    raise _no_records_error(data_dir, split)
+  return files
+
+
+def _no_records_error(data_dir: str, split: str) -> FileNotFoundError:
+  return FileNotFoundError(
+      f'No TFRecord files for split {split!r} in data_dir {data_dir!r}: '
+      f'nothing matches {shard_pattern(data_dir, split)!r}. Write them with '
+      f'`python -m estimator_multigpu.data.convert --image_dir DIR '
+      f'--output_dir {data_dir} --split {split}`, or point data_dir at the '
+      'folder that holds them.')
+
+
+def _int64(value: int) -> tf.train.Feature:
+  return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+
+
+def _bytes(value: bytes) -> tf.train.Feature:
+  return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+
+def make_example(encoded: bytes, image_format: bytes, label: int,
+                 height: int, width: int) -> tf.train.Example:
+  """Builds one record's `tf.train.Example` (see the module docstring)."""
+  return tf.train.Example(features=tf.train.Features(feature={
+      IMAGE_KEY: _bytes(encoded),
+      FORMAT_KEY: _bytes(image_format),
+      LABEL_KEY: _int64(label),
+      HEIGHT_KEY: _int64(height),
+      WIDTH_KEY: _int64(width),
+  }))
+
+
+def write_label_file(class_names: Sequence[str], output_dir: str) -> str:
+  """Writes ``labels.txt`` with the line ``i:class_names[i]`` per class."""
+  path = os.path.join(output_dir, LABELS_FILENAME)
+  with tf.io.gfile.GFile(path, 'w') as f:
+    f.write(''.join(f'{i}:{name}\n' for i, name in enumerate(class_names)))
+  return path
+
+
+def has_label_file(data_dir: str) -> bool:
+  """Whether `data_dir` holds a ``labels.txt``."""
+  return tf.io.gfile.exists(os.path.join(data_dir, LABELS_FILENAME))
+
+
+def read_label_file(data_dir: str) -> Dict[int, str]:
+  """Reads ``<data_dir>/labels.txt`` into ``{id: name}``.
+
+  Raises:
+    ValueError: on a line that is not ``<int>:<name>``.
+  """
+  path = os.path.join(data_dir, LABELS_FILENAME)
+  with tf.io.gfile.GFile(path, 'r') as f:
+    lines = f.read().splitlines()
+  labels = {}
+  for number, line in enumerate(lines, start=1):
+    if line.strip():
+      labels.update([_parse_label_line(line, path, number)])
+  return labels
+
+
+def _parse_label_line(line: str, path: str, number: int) -> Tuple[int, str]:
+  label, sep, name = line.partition(':')
+  if not sep or not label.strip().isdigit():
+    raise ValueError(f'{path}:{number}: expected "<id>:<name>", got {line!r}.')
+  return int(label), name
+
+
+def _check_channels(channels: int) -> int:
+  if channels not in CHANNELS:
+    raise ValueError(
+        f'channels must be one of {CHANNELS} (grayscale, RGB, RGBA), got '
+        f'{channels!r}.')
+  return channels
+
+
+def _decoder(hw: Tuple[int, int], channels: int, num_classes: Optional[int]):
+  """Returns the map from a serialized Example to `(image, label)`."""
+  def fn(serialized):
+    features = tf.io.parse_single_example(serialized, _FEATURES)
+    image = tf.io.decode_image(features[IMAGE_KEY], channels=channels,
+                               expand_animations=False)
+    image = _pipeline.resize_to(tf.cast(image, tf.float32), hw)
+    image.set_shape([hw[0], hw[1], channels])
+    label = tf.cast(features[LABEL_KEY], tf.int32)
+    return image * (1.0 / 255.0), _checked_label(label, num_classes)
+  return fn
+
+
+def _checked_label(label: tf.Tensor, num_classes: Optional[int]) -> tf.Tensor:
+  """Adds an in-graph check that 0 <= label < num_classes, if known."""
+  if num_classes is None:
+    return label
+  check = tf.debugging.assert_less(
+      label, num_classes, message=f'label out of range [0, {num_classes})')
+  check_low = tf.debugging.assert_non_negative(label, message='label < 0')
+  with tf.control_dependencies([check, check_low]):
+    return tf.identity(label)
+
+
+def _read_records(data_dir: str, split: str, num_files: int, shuffle: bool,
+                  seed: Optional[int]) -> tf.data.Dataset:
+  """Interleaves the serialized records of all shards, reading in parallel."""
+  files = tf.data.Dataset.list_files(
+      shard_pattern(data_dir, split), shuffle=shuffle, seed=seed)
+  return files.interleave(
+      tf.data.TFRecordDataset,
+      cycle_length=min(num_files, MAX_PARALLEL_READS),
+      num_parallel_calls=tf.data.AUTOTUNE,
+      deterministic=not shuffle or seed is not None)
+
+
+def tfrecord_dataset(data_dir: str, split: str, batch_size: int, *,
+                     image_size: _pipeline.ImageSize,
+                     channels: int = DEFAULT_CHANNELS,
+                     num_classes: Optional[int] = None,
+                     shuffle: Optional[bool] = None,
+                     repeat: Optional[bool] = None,
+                     drop_remainder: Optional[bool] = None,
+                     seed: Optional[int] = None,
+                     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
+                     ) -> tf.data.Dataset:
+  """Builds batches of `(images, labels)` from a split's record files.
+
+  Args:
+    data_dir: Folder with ``<split>-*-of-*`` files.
+    split: Split name (letters, digits, underscores), e.g. ``'train'``.
+    batch_size: Examples per batch, >= 1.
+    image_size: Output size, an int or (height, width); images are resized.
+    channels: Channels to decode to (1: grayscale, 3: RGB).
+    num_classes: If given, labels are checked in-graph to be below it.
+    shuffle: Shuffle files and records; default True for train only.
+    repeat: Repeat forever; default True for train only.
+    drop_remainder: Drop a final partial batch; default True for train, must
+      stay False for other splits.
+    seed: Shuffle seed; with it the order is reproducible.
+    shuffle_buffer: Serialized records held in the shuffle buffer.
+
+  Returns:
+    A dataset of float32 [B, H, W, channels] images in [0, 1] and int32 [B]
+    labels.
+  """
+  batch_size = _pipeline.check_batch_size(batch_size)
+  hw = _pipeline.image_size_hw(image_size)
+  _check_channels(channels)
+  if num_classes is not None:
+    _pipeline.check_positive_int('num_classes', num_classes)
+  files = find_shards(data_dir, split)
+  is_train = split == _pipeline.TRAIN
+  shuffle = is_train if shuffle is None else shuffle
+  drop_remainder = _pipeline.check_drop_remainder(split, drop_remainder)
+  dataset = _pipeline.shuffle_repeat(
+      _read_records(data_dir, split, len(files), shuffle, seed),
+      shuffle=shuffle, repeat=is_train if repeat is None else repeat,
+      shuffle_buffer=shuffle_buffer, seed=seed)
+  dataset = dataset.map(_decoder(hw, channels, num_classes),
+                        num_parallel_calls=tf.data.AUTOTUNE)
+  return _pipeline.batch_prefetch(dataset, batch_size, drop_remainder)
