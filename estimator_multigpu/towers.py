@@ -177,6 +177,7 @@ class VariableSharing:
           "not create: a variable must be created in every tower (tower 0 "
           "builds it, the others reuse it). Create it unconditionally.")
     variable = self._tower0[position]
+    _check_additive(name, kwargs)
     shape = kwargs.get("shape")
     if shape is not None and tf.TensorShape(shape) != variable.shape:
       raise ValueError(
@@ -186,6 +187,26 @@ class VariableSharing:
           "must build the same variables, in the same order, in every tower.")
     served.append(variable)
     return variable
+
+
+_METRIC_COLLECTIONS = (tf1.GraphKeys.METRIC_VARIABLES,
+                       tf1.GraphKeys.LOCAL_VARIABLES)
+
+
+def _check_additive(name: str, kwargs: dict) -> None:
+  """Metric state is shared by the towers, which is exact only if additive."""
+  collections = kwargs.get("collections") or ()
+  if not any(key in collections for key in _METRIC_COLLECTIONS):
+    return
+  aggregation = kwargs.get("aggregation")
+  if aggregation != tf.VariableAggregation.SUM:
+    raise ValueError(
+        f"The metric state variable `{name}` declares aggregation "
+        f"{getattr(aggregation, 'name', aggregation)}. `multi_gpu` computes "
+        "a metric over all towers by letting every tower add into one shared "
+        "state, which is exact only for additive state (totals, counts): "
+        "declare it with aggregation=tf.VariableAggregation.SUM if it is "
+        "additive, or compute this metric outside the towers.")
 
 
 def _variable_store_names() -> list:
