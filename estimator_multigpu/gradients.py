@@ -33,8 +33,14 @@ class TowerOptimizer(tf1.train.Optimizer):
   `make_session_run_hook`) is the wrapped optimizer's.
   """
 
-  def __init__(self, optimizer: tf1.train.Optimizer):
+  def __init__(self, optimizer: tf1.train.Optimizer,
+               summarize_gradient_norm: bool = False):
     """Wraps `optimizer`.
+
+    Args:
+      optimizer: the `tf.compat.v1.train.Optimizer` to apply gradients with.
+      summarize_gradient_norm: write a `gradient_global_norm` summary of the
+        gradients applied (the combined ones, with several towers).
 
     Raises:
       TypeError: `optimizer` is not a `tf.compat.v1.train.Optimizer`.
@@ -46,6 +52,7 @@ class TowerOptimizer(tf1.train.Optimizer):
           "optimizers are not supported by Estimator model_fns.")
     super().__init__(use_locking=False, name=f"Tower{optimizer.get_name()}")
     self._optimizer = optimizer
+    self._summarize_gradient_norm = summarize_gradient_norm
 
   def __getattr__(self, name):
     optimizer = self.__dict__.get("_optimizer")
@@ -75,11 +82,19 @@ class TowerOptimizer(tf1.train.Optimizer):
     """Records the tower's gradients; outside a tower, applies them."""
     tower = towers_lib.current_tower()
     if tower is None:
-      return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+      return self.apply_combined(grads_and_vars, global_step, name)
     tower.optimizer_calls.append(towers_lib.OptimizerCall(
-        self._optimizer, list(grads_and_vars), global_step, name,
+        self, list(grads_and_vars), global_step, name,
         tf1.get_variable_scope(), tf1.get_default_graph().get_name_scope()))
     return tf.no_op(name="recorded_for_tower_aggregation")
+
+  def apply_combined(self, grads_and_vars, global_step=None, name=None):
+    """Applies gradients that cover the whole global batch."""
+    grads_and_vars = list(grads_and_vars)
+    if self._summarize_gradient_norm:
+      tf1.summary.scalar("gradient_global_norm", tf.linalg.global_norm(
+          [g for g, _ in grads_and_vars if g is not None]))
+    return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
 
   def get_slot(self, *args, **kwargs):
     return self._optimizer.get_slot(*args, **kwargs)
@@ -129,7 +144,7 @@ def apply_tower_gradients(towers: list, aggregation_device: Optional[str],
       if clip_norm is not None:
         grads_and_vars = clip_by_global_norm(grads_and_vars, clip_norm)
     with tf.device(aggregation_device), first_call.scopes():
-      ops.append(first_call.optimizer.apply_gradients(
+      ops.append(first_call.optimizer.apply_combined(
           grads_and_vars, first_call.global_step, first_call.name))
   return ops
 

@@ -321,6 +321,7 @@ def _train_op(towers: list, plan: Plan, options: Options) -> tf.Operation:
         "Wrap it: opt = estimator_multigpu.TowerOptimizer(opt).")
   apply_ops = gradients_lib.apply_tower_gradients(
       towers, plan.aggregation_device, options.clip_gradients_by_norm)
+  specs_lib.summarize_tower_losses(towers)
   return specs_lib.merged_train_op(towers, apply_ops)
 
 

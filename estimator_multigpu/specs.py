@@ -100,6 +100,13 @@ def merge_eval_metric_ops(towers: list) -> dict:
           for name, (value, _) in first.items()}
 
 
+def summarize_tower_losses(towers: list) -> None:
+  """One `tower_loss/tower_<i>` summary per tower (the total is Estimator's
+  `loss`)."""
+  for tower in towers:
+    tf1.summary.scalar(f"tower_loss/{tower.name}", tower.spec.loss)
+
+
 def merged_train_op(towers: list, apply_ops: list) -> tf.Operation:
   """Tower 0's train_op, the gradient application and tower 0's UPDATE_OPS."""
   update_ops = towers[0].collections.get(tf1.GraphKeys.UPDATE_OPS, [])

@@ -45,7 +45,7 @@ class OptimizerCall:
   is built where the unwrapped model_fn would build it (optimizer slots such
   as `OptimizeLoss/w/Momentum` then get the single-device names).
   """
-  optimizer: tf1.train.Optimizer
+  optimizer: Any  # the TowerOptimizer that recorded the call.
   grads_and_vars: list
   global_step: Optional[tf.Variable]
   name: Optional[str]

@@ -1,0 +1,85 @@
+"""Flags shared by train.py and eval.py, and the small functions that read
+them into plain library arguments (the library itself defines no flags)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from absl import flags
+import tensorflow as tf
+
+import estimator_multigpu as emg
+from estimator_multigpu import data
+from estimator_multigpu import devices as devices_lib
+from estimator_multigpu import nets
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("model_name", "lenet", "Network from nets_factory: "
+                    + ", ".join(nets.NETWORK_NAMES))
+flags.DEFINE_enum("dataset_name", "digits", list(data.DATASET_NAMES),
+                  "Input data: the built-in digits, synthetic images, or "
+                  "tf-slim-style TFRecords in --dataset_dir.")
+flags.DEFINE_string("dataset_dir", None, "Directory of TFRecord shards.")
+flags.DEFINE_integer("image_size", None, "Image side; default: the net's or "
+                     "the dataset's.")
+flags.DEFINE_integer("num_classes", None, "Classes; default: the dataset's.")
+flags.DEFINE_integer("batch_size", 64, "Global batch size (split across the "
+                     "towers).")
+flags.DEFINE_string("model_dir", "runs/digits", "Checkpoints and summaries.")
+flags.DEFINE_float("moving_average_decay", None, "Keep an exponential moving "
+                   "average of the weights with this decay, e.g. 0.999.")
+flags.DEFINE_integer("num_gpus", None, "Train on the first N GPUs.")
+flags.DEFINE_list("devices", None, "Tower devices, e.g. /gpu:0,/gpu:2.")
+flags.DEFINE_integer("virtual_cpus", None, "Run N towers on N virtual CPU "
+                     "devices (default on machines without GPUs: 2).")
+flags.DEFINE_integer("max_steps", 1500, "train.py: train until this global "
+                     "step. eval.py: stop after evaluating a checkpoint at "
+                     "or past it.")
+flags.DEFINE_integer("random_seed", 1, "Graph-level random seed.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Towers:
+  """Where the towers run and the session config that provides it."""
+  devices: list
+  session_config: tf.compat.v1.ConfigProto
+
+
+def resolve_towers(num_gpus: Optional[int], devices: Optional[list],
+                   virtual_cpus: Optional[int]) -> Towers:
+  """--devices, else --num_gpus, else --virtual_cpus, else GPUs or 2 CPUs."""
+  given = [name for name, value in (("--devices", devices),
+                                    ("--num_gpus", num_gpus),
+                                    ("--virtual_cpus", virtual_cpus))
+           if value is not None]
+  if len(given) > 1:
+    raise ValueError(f"{' and '.join(given)} both choose the towers; give "
+                     "only one of --devices, --num_gpus, --virtual_cpus.")
+  if devices is None and num_gpus is None and virtual_cpus is None:
+    virtual_cpus = None if devices_lib.num_visible_gpus() else 2
+  num_cpus = virtual_cpus or 1
+  if virtual_cpus is not None:
+    devices = [f"/cpu:{k}" for k in range(virtual_cpus)]
+  resolved = devices_lib.resolve_devices(devices if devices is not None
+                                         else num_gpus)
+  return Towers(resolved, emg.make_session_config(num_cpus=num_cpus))
+
+
+def image_size(model_name: str, dataset_name: str,
+               flag_value: Optional[int]) -> int:
+  """--image_size, else the dataset's native size, else the net's."""
+  if flag_value:
+    return flag_value
+  native = data.default_image_size(dataset_name)
+  if native and dataset_name == "digits":
+    return native
+  return nets.get_network_fn(model_name, 2).default_image_size
+
+
+def num_classes(dataset_name: str, dataset_dir: Optional[str],
+                flag_value: Optional[int]) -> int:
+  if flag_value:
+    return flag_value
+  return data.num_classes(dataset_name, dataset_dir)

@@ -1,0 +1,151 @@
+"""An image-classification model_fn over `nets/`, for train.py and eval.py.
+
+It is an ordinary single-device model_fn (wrap it with `multi_gpu`): a
+`nets_factory` network, softmax cross-entropy with optional label smoothing
+plus weight decay, a learning-rate schedule with warm-up, and a
+`TowerOptimizer`-wrapped optimizer. Everything is configured by a plain
+`ClassifierConfig`; the scripts build it from flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import tensorflow as tf
+
+from estimator_multigpu import gradients
+from estimator_multigpu import nets
+
+tf1 = tf.compat.v1
+ModeKeys = tf.estimator.ModeKeys
+OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop")
+DECAY_TYPES = ("fixed", "exponential", "polynomial", "cosine")
+LEARNING_RATE_NAME = "current_learning_rate"  # tower 0's, read by hooks.
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifierConfig:
+  """What the classifier model_fn builds. See train.py's flags for meanings."""
+  model_name: str = "lenet"
+  num_classes: int = 10
+  weight_decay: float = 0.0
+  label_smoothing: float = 0.0
+  optimizer: str = "momentum"
+  learning_rate: float = 0.05
+  momentum: float = 0.9
+  learning_rate_decay_type: str = "fixed"
+  decay_steps: int = 1000
+  decay_rate: float = 0.5
+  end_learning_rate: float = 0.0
+  warmup_steps: int = 0
+
+  def __post_init__(self):
+    _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+    _check_choice("learning_rate_decay_type", self.learning_rate_decay_type,
+                  DECAY_TYPES)
+    nets.get_network_fn(self.model_name, self.num_classes)  # name check.
+    if not 0.0 <= self.label_smoothing < 1.0:
+      raise ValueError(f"`label_smoothing` is {self.label_smoothing}; "
+                       "expected a number in [0, 1).")
+    if self.learning_rate <= 0 or self.decay_steps < 1 or (
+        self.warmup_steps < 0):
+      raise ValueError(
+          f"`learning_rate` ({self.learning_rate}) must be > 0, "
+          f"`decay_steps` ({self.decay_steps}) >= 1 and `warmup_steps` "
+          f"({self.warmup_steps}) >= 0.")
+
+
+def _check_choice(name: str, value: str, choices: tuple) -> None:
+  if value not in choices:
+    raise ValueError(f"`{name}` is {value!r}; expected one of "
+                     f"{', '.join(choices)}.")
+
+
+def learning_rate(config: ClassifierConfig,
+                  global_step: tf.Tensor) -> tf.Tensor:
+  """The decayed learning rate, ramped up linearly over the warm-up steps."""
+  step = tf.cast(global_step, tf.float32)
+  decay_step = tf.maximum(step - config.warmup_steps, 0.0)
+  base, steps = config.learning_rate, float(config.decay_steps)
+  decayed = {
+      "fixed": lambda: tf.constant(base),
+      "exponential": lambda: base * config.decay_rate ** (decay_step / steps),
+      "polynomial": lambda: (base - config.end_learning_rate) * (
+          1.0 - tf.minimum(decay_step, steps) / steps) +
+                            config.end_learning_rate,
+      "cosine": lambda: config.end_learning_rate + 0.5 * (
+          base - config.end_learning_rate) * (1.0 + tf.cos(
+              math.pi * tf.minimum(decay_step, steps) / steps)),
+  }[config.learning_rate_decay_type]()
+  if config.warmup_steps:
+    ramp = base * (step + 1.0) / config.warmup_steps
+    decayed = tf.where(step < config.warmup_steps, ramp, decayed)
+  return tf.identity(decayed, name=LEARNING_RATE_NAME)
+
+
+def make_optimizer(config: ClassifierConfig,
+                   rate: tf.Tensor) -> tf1.train.Optimizer:
+  """The configured optimizer (not yet wrapped)."""
+  return {
+      "sgd": lambda: tf1.train.GradientDescentOptimizer(rate),
+      "momentum": lambda: tf1.train.MomentumOptimizer(rate, config.momentum),
+      "adam": lambda: tf1.train.AdamOptimizer(rate),
+      "rmsprop": lambda: tf1.train.RMSPropOptimizer(
+          rate, momentum=config.momentum, epsilon=1.0),
+  }[config.optimizer]()
+
+
+def model_fn(features: tf.Tensor, labels: Optional[tf.Tensor], mode: str,
+             params: dict) -> tf.estimator.EstimatorSpec:
+  """Classifies `features` (NHWC images) with `params["classifier"]`."""
+  config: ClassifierConfig = params["classifier"]
+  network_fn = nets.get_network_fn(config.model_name, config.num_classes,
+                                   config.weight_decay,
+                                   is_training=mode == ModeKeys.TRAIN)
+  logits, _ = network_fn(features)
+  predictions = {"classes": tf.argmax(logits, axis=1, output_type=tf.int32),
+                 "probabilities": tf.nn.softmax(logits)}
+  if mode == ModeKeys.PREDICT:
+    return tf.estimator.EstimatorSpec(mode, predictions=predictions,
+                                      export_outputs=_export_outputs(
+                                          predictions))
+  loss = _loss(config, logits, labels)
+  if mode == ModeKeys.EVAL:
+    return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops=(
+        eval_metrics(config, logits, labels, predictions)))
+  return tf.estimator.EstimatorSpec(mode, loss=loss,
+                                    train_op=_train_op(config, loss))
+
+
+def _loss(config: ClassifierConfig, logits, labels) -> tf.Tensor:
+  one_hot = tf.one_hot(labels, config.num_classes)
+  tf1.losses.softmax_cross_entropy(one_hot, logits,
+                                   label_smoothing=config.label_smoothing)
+  return tf1.losses.get_total_loss()  # cross-entropy + weight decay.
+
+
+def _train_op(config: ClassifierConfig, loss: tf.Tensor) -> tf.Operation:
+  global_step = tf1.train.get_or_create_global_step()
+  rate = learning_rate(config, global_step)
+  tf1.summary.scalar("learning_rate", rate)
+  optimizer = gradients.TowerOptimizer(make_optimizer(config, rate),
+                                       summarize_gradient_norm=True)
+  with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+    return optimizer.minimize(loss, global_step)
+
+
+def eval_metrics(config: ClassifierConfig, logits, labels,
+                 predictions) -> dict:
+  """Accuracy, and top-5 accuracy when there are more than 5 classes."""
+  metrics = {"accuracy": tf1.metrics.accuracy(labels, predictions["classes"])}
+  if config.num_classes > 5:
+    in_top_5 = tf.nn.in_top_k(predictions=logits, targets=labels, k=5)
+    metrics["top_5"] = tf1.metrics.mean(tf.cast(in_top_5, tf.float32))
+  return metrics
+
+
+def _export_outputs(predictions: dict) -> dict:
+  key = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+  return {key: tf.estimator.export.PredictOutput(predictions)}

@@ -1,0 +1,126 @@
+"""train.py and eval.py: their functions on tiny data, and one real run."""
+
+import glob
+import os
+import subprocess
+import sys
+
+from absl import flags
+from absl.testing import flagsaver
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import common_flags
+import eval as eval_script
+import train
+from estimator_multigpu import classifier
+
+tf1 = tf.compat.v1
+FLAGS = flags.FLAGS
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def parsed_flags():
+  if not FLAGS.is_parsed():
+    FLAGS(["test"])
+  with flagsaver.flagsaver():
+    yield
+
+
+def test_towers_default_to_two_virtual_cpus_without_gpus():
+  towers = common_flags.resolve_towers(None, None, None)
+  assert towers.devices == ["/device:CPU:0", "/device:CPU:1"]
+  assert towers.session_config.device_count["CPU"] == 2
+
+
+def test_towers_from_devices_and_virtual_cpus():
+  assert common_flags.resolve_towers(None, ["/gpu:1", "/gpu:3"],
+                                     None).devices == ["/device:GPU:1",
+                                                       "/device:GPU:3"]
+  assert len(common_flags.resolve_towers(None, None, 3).devices) == 3
+  with pytest.raises(ValueError, match="--num_gpus and --virtual_cpus both"):
+    common_flags.resolve_towers(2, None, 3)
+
+
+@pytest.mark.parametrize("decay_type,expected", [
+    # base 0.1, 10 warm-up steps, decay over 100 steps, at global step 60:
+    # 50 steps into the decay.
+    ("fixed", 0.1),
+    ("exponential", 0.1 * 0.5 ** (50 / 100)),
+    ("polynomial", (0.1 - 0.01) * (1 - 50 / 100) + 0.01),
+    ("cosine", 0.01 + 0.5 * (0.1 - 0.01) * (1 + np.cos(np.pi * 50 / 100)))])
+def test_learning_rate_schedules(decay_type, expected):
+  config = classifier.ClassifierConfig(
+      learning_rate=0.1, learning_rate_decay_type=decay_type,
+      decay_steps=100, decay_rate=0.5, end_learning_rate=0.01,
+      warmup_steps=10)
+  with tf.Graph().as_default(), tf1.Session() as session:
+    step = tf1.placeholder(tf.int64, [])
+    rate = classifier.learning_rate(config, step)
+    np.testing.assert_allclose(session.run(rate, {step: 60}), expected,
+                               rtol=1e-5)
+    # Warm-up: step 4 of 10 runs at 5/10 of the base rate.
+    np.testing.assert_allclose(session.run(rate, {step: 4}), 0.05, rtol=1e-5)
+
+
+def test_bad_classifier_config_names_the_flag():
+  with pytest.raises(ValueError, match="`optimizer` is 'lamb'; expected one "
+                     "of sgd, momentum, adam, rmsprop"):
+    classifier.ClassifierConfig(optimizer="lamb")
+  with pytest.raises(ValueError, match="Unknown network `resnet`"):
+    classifier.ClassifierConfig(model_name="resnet")
+
+
+def test_train_then_evaluate_in_process(tmp_path):
+  FLAGS.model_name, FLAGS.max_steps, FLAGS.batch_size = "mlp", 20, 16
+  towers = common_flags.resolve_towers(None, None, 2)
+  config = train.classifier_config(10)
+  model_fn = train.build_model_fn(towers, 0.9, None, 16, 20, 10,
+                                  str(tmp_path))
+  estimator = train.build_estimator(model_fn, config, towers, str(tmp_path),
+                                    10, 10, 1)
+  estimator.train(train.train_input_fn(8, 10), max_steps=20)
+  checkpoint = tf.train.latest_checkpoint(str(tmp_path))
+  assert checkpoint.endswith("model.ckpt-20")
+  assert eval_script.checkpoint_has_ema(checkpoint)
+  evaluator = eval_script.build_estimator(towers, config, str(tmp_path), True)
+  input_fn = eval_script.data.make_input_fn("digits", "eval", 64)
+  metrics = eval_script.evaluate(evaluator, input_fn, checkpoint, 6)
+  assert metrics["global_step"] == 20
+  assert 0.0 <= metrics["accuracy"] <= 1.0 and "top_5" in metrics
+  line = eval_script.format_metrics(metrics)
+  assert line.startswith("accuracy=") and " global_step=20 " in line
+
+
+def scalar_tags(directory):
+  tags = set()
+  for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
+    for event in tf1.train.summary_iterator(path):
+      tags.update(value.tag for value in event.summary.value)
+  return tags
+
+
+def run_script(script, *args):
+  result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def test_train_then_eval_as_subprocesses(tmp_path):
+  model_dir = str(tmp_path / "run")
+  common = ["--model_name=mlp", f"--model_dir={model_dir}", "--max_steps=30"]
+  run_script("train.py", *common, "--save_summary_steps=10",
+             "--log_every_n_steps=10", "--save_checkpoints_steps=30")
+  assert os.path.exists(os.path.join(model_dir, "model.ckpt-30.index"))
+  assert {"loss", "learning_rate", "gradient_global_norm",
+          "tower_loss/tower_0", "tower_loss/tower_1", "examples_per_sec",
+          "examples_per_sec_per_tower"} <= scalar_tags(model_dir)
+  result = run_script("eval.py", *common, "--once")
+  last = result.stdout.strip().splitlines()[-1]
+  assert last.startswith("accuracy=") and "global_step=30" in last
+  assert {"accuracy", "loss", "top_5"} <= scalar_tags(
+      os.path.join(model_dir, "eval"))
