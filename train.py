@@ -2,10 +2,18 @@
 
 With no flags it trains LeNet on the built-in digits (scikit-learn's 8x8
 handwritten digits) on every GPU, or on 2 virtual CPU towers without GPUs.
-It resumes from --model_dir when that holds a checkpoint.
+It resumes from --model_dir when that holds a checkpoint. SIGTERM or Ctrl-C
+stops it after the current step with a final checkpoint (exit status
+128 + signal); a NaN or Inf loss stops it with an error naming the step,
+leaving the last checkpoint intact.
 """
 
 from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
 
 from absl import app
 from absl import flags
@@ -40,6 +48,32 @@ flags.DEFINE_integer("save_summary_steps", 100, "Summaries every N steps.")
 flags.DEFINE_integer("log_every_n_steps", 100, "Progress line every N steps.")
 flags.DEFINE_float("clip_gradients_by_norm", None, "Clip the combined "
                    "gradient to this global norm.")
+flags.DEFINE_integer("min_free_disk_mb", 50, "Refuse to start when the model "
+                     "dir's disk has less free space than this.")
+
+
+def check_model_dir(model_dir: str, min_free_mb: int) -> None:
+  """Fails before any step when checkpoints could not be written.
+
+  Raises:
+    OSError: the directory cannot be created or written, or its disk has
+      less than `min_free_mb` MB free.
+  """
+  try:
+    os.makedirs(model_dir, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".write_check"):
+      pass
+  except OSError as error:
+    reason = error.strerror or str(error)
+    raise OSError(
+        f"--model_dir={model_dir} cannot be written ({reason}); checkpoints "
+        "would be lost. Choose a writable directory.") from error
+  free_mb = shutil.disk_usage(model_dir).free / 2**20
+  if free_mb < min_free_mb:
+    raise OSError(
+        f"--model_dir={model_dir} has {free_mb:.0f} MB free, less than "
+        f"--min_free_disk_mb={min_free_mb}; checkpoints would fail. Free "
+        "some space or choose another directory.")
 
 
 def classifier_config(num_classes: int) -> classifier.ClassifierConfig:
@@ -102,6 +136,7 @@ def main(argv):
   image_size = common_flags.image_size(FLAGS.model_name, FLAGS.dataset_name,
                                        FLAGS.image_size)
   config = classifier_config(num_classes)
+  check_model_dir(FLAGS.model_dir, FLAGS.min_free_disk_mb)
   model_fn = build_model_fn(towers, FLAGS.moving_average_decay,
                             FLAGS.clip_gradients_by_norm, FLAGS.batch_size,
                             FLAGS.max_steps, FLAGS.log_every_n_steps,
@@ -112,8 +147,15 @@ def main(argv):
   logging.info("Training %s on %s: global batch %d over %d towers -> %s",
                FLAGS.model_name, FLAGS.dataset_name, FLAGS.batch_size,
                len(towers.devices), FLAGS.model_dir)
-  estimator.train(train_input_fn(image_size, num_classes),
-                  max_steps=FLAGS.max_steps)
+  with hooks.SignalStop() as stop:
+    estimator.train(train_input_fn(image_size, num_classes),
+                    max_steps=FLAGS.max_steps,
+                    hooks=[hooks.NonFiniteLossHook(), stop.hook()])
+  if stop.received is not None:
+    step = estimator.get_variable_value("global_step")
+    logging.warning("Stopped by signal %d at step %d; checkpoint saved in %s",
+                    stop.received, step, FLAGS.model_dir)
+    sys.exit(128 + stop.received)
 
 
 if __name__ == "__main__":

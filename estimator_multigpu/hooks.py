@@ -1,20 +1,28 @@
-"""Training hooks: progress lines and TensorBoard throughput summaries.
+"""Training hooks: progress, throughput summaries, non-finite losses, signals.
 
-`ProgressHook` logs, every N steps, the step, loss, learning rate, examples
-per second (global and per tower) and the time left, and writes
-`examples_per_sec` and `examples_per_sec_per_tower` summaries.
-`with_training_hooks` attaches hooks built from the merged EstimatorSpec to a
-(wrapped) model_fn, so they see the loss over the whole global batch.
+- `ProgressHook` logs, every N steps, the step, loss, learning rate, examples
+  per second (global and per tower) and the time left, and writes
+  `examples_per_sec` and `examples_per_sec_per_tower` summaries.
+- `NonFiniteLossHook` stops training with an error naming the step and the
+  towers whose loss is NaN or Inf, before anything is saved.
+- `SignalStop` turns SIGTERM / SIGINT into a clean stop, so Estimator writes
+  a final checkpoint.
+- `with_training_hooks` attaches hooks built from the merged EstimatorSpec to
+  a (wrapped) model_fn, so they see the loss over the whole global batch.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
+import signal
 import time
 from typing import Callable, Optional
 
 from absl import logging
 import tensorflow as tf
+
+from estimator_multigpu import specs
 
 tf1 = tf.compat.v1
 
@@ -92,3 +100,89 @@ def with_training_hooks(model_fn: Callable, make_hooks: HookFactory):
                          tuple(make_hooks(spec)))
 
   return model_fn_with_hooks
+
+
+class NonFiniteLossError(RuntimeError):
+  """The training loss became NaN or Inf."""
+
+
+class NonFiniteLossHook(tf1.train.SessionRunHook):
+  """Raises `NonFiniteLossError` naming the step and towers of a NaN loss.
+
+  Pass it to `Estimator.train(hooks=[...])`: hooks given there run before
+  Estimator's own `NanTensorHook`, whose message names neither. The hook
+  reads the losses `multi_gpu` publishes (`specs.LOSS_COLLECTION`,
+  `specs.TOWER_LOSSES_COLLECTION`). Raising leaves the last checkpoint as
+  it was: the diverged variables are never saved.
+  """
+
+  def begin(self):
+    self._loss = tf1.get_collection(specs.LOSS_COLLECTION)
+    self._tower_losses = tf1.get_collection(specs.TOWER_LOSSES_COLLECTION)
+    if not self._loss:
+      raise ValueError("NonFiniteLossHook found no loss: wrap the model_fn "
+                       "with estimator_multigpu.multi_gpu.")
+    self._global_step = tf1.train.get_global_step()
+    self._step = None
+
+  def after_create_session(self, session, coord):
+    self._step = int(session.run(self._global_step))
+
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs((self._loss[-1], self._tower_losses))
+
+  def after_run(self, run_context, run_values):
+    self._step += 1
+    loss, tower_losses = run_values.results
+    if math.isfinite(loss):
+      return
+    bad = [str(i) for i, value in enumerate(tower_losses)
+           if not math.isfinite(value)]
+    where = f" (non-finite in tower(s) {', '.join(bad)})" if bad else ""
+    raise NonFiniteLossError(
+        f"The loss is {loss} at step {self._step}{where}; training stopped "
+        "before saving it. The last checkpoint is intact. Lower the learning "
+        "rate, clip gradients (--clip_gradients_by_norm) or check the input "
+        "for NaN/Inf, then resume from the model dir.")
+
+
+class SignalStop:
+  """Context manager: SIGTERM / SIGINT end training cleanly.
+
+  Inside it, the first such signal makes `hook()` request a stop after the
+  current step; Estimator then saves a final checkpoint. A second signal
+  gets the default behaviour (immediate exit).
+  """
+
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+    self._signals = signals
+    self._previous = {}
+    self.received: Optional[int] = None
+
+  def __enter__(self) -> "SignalStop":
+    for number in self._signals:
+      self._previous[number] = signal.signal(number, self._handle)
+    return self
+
+  def __exit__(self, *exc_info):
+    for number, handler in self._previous.items():
+      signal.signal(number, handler)
+
+  def _handle(self, number, frame):
+    del frame
+    self.received = number
+    logging.warning("Received %s: stopping after this step and saving a "
+                    "checkpoint.", signal.Signals(number).name)
+    signal.signal(number, self._previous[number])
+
+  def hook(self) -> tf1.train.SessionRunHook:
+    """A hook that requests a stop once a signal was received."""
+    stop = self
+
+    class _StopHook(tf1.train.SessionRunHook):
+
+      def after_run(self, run_context, run_values):
+        if stop.received is not None:
+          run_context.request_stop()
+
+    return _StopHook()

@@ -215,6 +215,7 @@ def build_spec(model_fn, options, features, labels, mode, params, config):
   if plan.num_towers == 1 and options.clip_gradients_by_norm is None:
     with tf.device(plan.devices[0]):
       spec = call_model_fn(model_fn, features, labels, mode, params, config)
+    specs_lib.publish_losses(spec.loss, [])
     return _with_ema(spec, mode, options, plan.aggregation_device)
   split = splitting.split_batch(features, labels, plan.num_towers)
   log_plan(plan, split, mode)
@@ -223,6 +224,7 @@ def build_spec(model_fn, options, features, labels, mode, params, config):
   train_op = (_train_op(towers, plan, options) if mode == ModeKeys.TRAIN
               else None)
   spec = specs_lib.merge_specs(towers, mode, train_op)
+  specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
   return _with_ema(spec, mode, options, plan.aggregation_device)
 
 

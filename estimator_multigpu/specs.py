@@ -23,6 +23,19 @@ import tensorflow as tf
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
 
+# Graph collections where the merged loss and the towers' losses are
+# published (for hooks such as `hooks.NonFiniteLossHook`).
+LOSS_COLLECTION = "estimator_multigpu_loss"
+TOWER_LOSSES_COLLECTION = "estimator_multigpu_tower_losses"
+
+
+def publish_losses(loss, tower_losses: list) -> None:
+  """Adds the merged loss and the towers' losses to their collections."""
+  if loss is not None:
+    tf1.add_to_collection(LOSS_COLLECTION, loss)
+  for tower_loss in tower_losses:
+    tf1.add_to_collection(TOWER_LOSSES_COLLECTION, tower_loss)
+
 
 def combine_losses(towers: list) -> tf.Tensor:
   """The weighted sum of the towers' losses."""

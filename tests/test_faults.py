@@ -1,0 +1,128 @@
+"""Faults cost at most the work since the last checkpoint, with clear words.
+
+Every test runs the real train.py in a subprocess and really sends the
+signal or causes the fault.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = [sys.executable, os.path.join(ROOT, "train.py"), "--model_name=mlp",
+         "--log_every_n_steps=20", "--save_summary_steps=1000"]
+
+
+def run_train(model_dir, *args, timeout=240):
+  return subprocess.run(TRAIN + [f"--model_dir={model_dir}", *args],
+                        capture_output=True, text=True, timeout=timeout,
+                        cwd=ROOT)
+
+
+def start_train(model_dir, *args):
+  return subprocess.Popen(TRAIN + [f"--model_dir={model_dir}", *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, cwd=ROOT)
+
+
+def latest_step(model_dir):
+  path = tf.train.latest_checkpoint(str(model_dir))
+  return int(path.rsplit("-", 1)[1]) if path else None
+
+
+def wait_for_checkpoint_after(model_dir, step, process, timeout=120):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    latest = latest_step(model_dir)
+    if latest is not None and latest > step:
+      return latest
+    assert process.poll() is None, process.communicate()[1][-2000:]
+    time.sleep(0.2)
+  process.kill()
+  raise AssertionError(f"no checkpoint past step {step} in {timeout} s")
+
+
+def assert_checkpoints_load(model_dir):
+  state = tf.train.get_checkpoint_state(str(model_dir))
+  for path in state.all_model_checkpoint_paths:
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+      assert np.all(np.isfinite(reader.get_tensor(name))), (path, name)
+
+
+def test_sigkill_then_resume(tmp_path):
+  process = start_train(tmp_path, "--max_steps=1000000",
+                        "--save_checkpoints_steps=25")
+  wait_for_checkpoint_after(tmp_path, 25, process)
+  process.send_signal(signal.SIGKILL)
+  process.wait(timeout=30)
+  killed_at = latest_step(tmp_path)
+  assert_checkpoints_load(tmp_path)
+  result = run_train(tmp_path, f"--max_steps={killed_at + 30}",
+                     "--save_checkpoints_steps=1000")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert latest_step(tmp_path) == killed_at + 30
+  assert f"model.ckpt-{killed_at}" in result.stderr  # restored from there.
+  assert_checkpoints_load(tmp_path)
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_ctrl_c_write_a_final_checkpoint(tmp_path, signal_number):
+  process = start_train(tmp_path, "--max_steps=1000000",
+                        "--save_checkpoints_steps=100000")
+  wait_for_checkpoint_after(tmp_path, -1, process)  # step 0 at start.
+  time.sleep(1.0)
+  process.send_signal(signal_number)
+  _, stderr = process.communicate(timeout=60)
+  assert process.returncode == 128 + signal_number, stderr[-2000:]
+  stopped_at = int(stderr.split("Stopped by signal")[1].split("at step ")[1]
+                   .split(";")[0])
+  assert stopped_at > 0 and latest_step(tmp_path) == stopped_at
+  assert_checkpoints_load(tmp_path)
+
+
+def test_nan_loss_names_the_step_and_keeps_the_last_checkpoint(tmp_path):
+  assert run_train(tmp_path, "--max_steps=20").returncode == 0
+  result = run_train(tmp_path, "--max_steps=200", "--optimizer=sgd",
+                     "--learning_rate=1e12", "--warmup_steps=0",
+                     "--learning_rate_decay_type=fixed",
+                     "--save_checkpoints_steps=100000")
+  assert result.returncode != 0
+  assert "NonFiniteLossError: The loss is" in result.stderr
+  message = result.stderr.split("NonFiniteLossError: The loss is")[1]
+  step = int(message.split(" at step ")[1].split(" ")[0])
+  assert step > 20 and "non-finite in tower(s)" in message
+  assert latest_step(tmp_path) == 20
+  assert_checkpoints_load(tmp_path)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model_dir=/proc/estimator_multigpu_test"], "cannot be written"),
+    (["--min_free_disk_mb=1000000000"], "MB free, less than"),
+])
+def test_unusable_model_dir_fails_before_any_step(tmp_path, args, message):
+  result = subprocess.run(
+      TRAIN + [f"--model_dir={tmp_path}", *args], capture_output=True,
+      text=True, timeout=120, cwd=ROOT)
+  assert result.returncode != 0 and message in result.stderr
+  assert "Saving checkpoints" not in result.stderr
+  assert "loss = " not in result.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model_name=resnet"], "Unknown network `resnet`; expected one of"),
+    (["--dataset_name=imagenet"], "value should be one of <digits|synthetic"),
+    (["--dataset_name=tfrecord", "--dataset_dir=/nonexistent",
+      "--num_classes=3", "--image_size=8"], "/nonexistent"),
+    (["--virtual_cpus=2", "--num_gpus=2"], "--num_gpus and --virtual_cpus"),
+])
+def test_bad_flags_are_clear_errors(tmp_path, args, message):
+  result = run_train(tmp_path, "--max_steps=1", *args, timeout=120)
+  assert result.returncode != 0 and message in result.stderr, (
+      result.stderr[-2000:])
