@@ -272,8 +272,8 @@ def build_towers(model_fn, plan: Plan, split: splitting.Split, mode, params,
   before_tower0 = towers_lib.GraphState.capture()
   towers, globals_after_tower0 = [], set()
   for index, device in enumerate(plan.devices):
-    tower = towers_lib.Tower(index, device, _gradient_weight(
-        split, index, loss_reduction))
+    tower = towers_lib.Tower(index, device,
+                             split.loss_weight(index, loss_reduction))
     features, labels = split.shards[index]
     with towers_lib.tower_scope(tower, plan.variable_device), \
         towers_lib.isolated_graph_state(tower, before_tower0), \
@@ -299,19 +299,6 @@ def _call_in_tower(model_fn, tower, features, labels, mode, params, config):
         f"Tower {tower.index} asked `get_variable` for a variable that tower "
         "0 did not create. The model_fn must create the same variables in "
         f"every tower. TensorFlow said: {error}") from error
-
-
-def _gradient_weight(split: splitting.Split, index: int, loss_reduction: str):
-  """nᵢ / n for "mean", 1 for "sum"; 0 for an empty shard."""
-  size, total = split.sizes[index], split.global_batch_size
-  if split.static:
-    if loss_reduction == "sum":
-      return 1.0 if size > 0 else 0.0
-    return size / total if total else 0.0
-  if loss_reduction == "sum":
-    return tf.cast(size > 0, tf.float32)
-  return tf.math.divide_no_nan(tf.cast(size, tf.float32),
-                               tf.cast(total, tf.float32))
 
 
 def _train_op(towers: list, plan: Plan, options: Options) -> tf.Operation:

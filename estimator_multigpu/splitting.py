@@ -36,6 +36,23 @@ class Split:
     """Whether the shard sizes are known when the graph is built."""
     return isinstance(self.global_batch_size, int)
 
+  def loss_weight(self, index: int, loss_reduction: str):
+    """What tower `index`'s loss (and gradients) are scaled by.
+
+    nᵢ / n for "mean", 1 for "sum", and 0 for an empty shard either way, so
+    the "mean" weights sum to 1 whenever the global batch is not empty.
+    A float when the sizes are static, else a scalar float32 tensor.
+    """
+    size, total = self.sizes[index], self.global_batch_size
+    if self.static:
+      if loss_reduction == "sum":
+        return 1.0 if size > 0 else 0.0
+      return size / total if total else 0.0
+    if loss_reduction == "sum":
+      return tf.cast(size > 0, tf.float32)
+    return tf.math.divide_no_nan(tf.cast(size, tf.float32),
+                                 tf.cast(total, tf.float32))
+
 
 def leaves_with_paths(structure: Any, prefix: str) -> list[tuple[str, Any]]:
   """Flattens a nested structure into `(path, leaf)` pairs, like tf.nest."""

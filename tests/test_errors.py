@@ -163,3 +163,39 @@ def test_towers_that_call_the_optimizer_differently(session_config):
 
   with pytest.raises(ValueError, match=r"different numbers of times: \[1, 2\]"):
     build(twice_in_tower_1, session_config)
+
+
+def test_scalar_labels_have_no_batch_dimension(session_config):
+  with pytest.raises(ValueError, match="`labels` is a scalar, but every "
+                     "input to `multi_gpu` must have a batch dimension"):
+    build(model_fn, session_config, labels=np.float32(1.0))
+
+
+def test_non_scalar_loss(session_config):
+  def vector_loss(features, labels, mode):
+    spec = model_fn(features, labels, mode)
+    return spec._replace(loss=tf.square(labels[:, 0]))
+
+  with pytest.raises(ValueError, match="Loss must be scalar"):
+    build(vector_loss, session_config)
+
+
+def test_dict_features_whose_keys_change_between_batches(tmp_path,
+                                                         session_config):
+  def batches():
+    labels = np.ones((4, 1), np.float32)
+    yield {"x": X[:4], "extra": labels}, labels
+    yield {"x": X[:4], "renamed": labels}, labels
+
+  def input_fn():
+    spec = tf.TensorSpec([None, 1])
+    return tf.data.Dataset.from_generator(batches, output_signature=(
+        {"x": tf.TensorSpec([None, 3]), "extra": spec}, spec))
+
+  estimator = tf.estimator.Estimator(
+      emg.multi_gpu(model_fn, devices=["/cpu:0", "/cpu:1"]),
+      config=tf.estimator.RunConfig(str(tmp_path),
+                                    session_config=session_config))
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="did not match the expected structure"):
+    estimator.train(input_fn, max_steps=3)
