@@ -192,8 +192,11 @@ def test_dict_features_whose_keys_change_between_batches(tmp_path,
     return tf.data.Dataset.from_generator(batches, output_signature=(
         {"x": tf.TensorSpec([None, 3]), "extra": spec}, spec))
 
+  def dict_model_fn(features, labels, mode):
+    return model_fn(features["x"] + features["extra"], labels, mode)
+
   estimator = tf.estimator.Estimator(
-      emg.multi_gpu(model_fn, devices=["/cpu:0", "/cpu:1"]),
+      emg.multi_gpu(dict_model_fn, devices=["/cpu:0", "/cpu:1"]),
       config=tf.estimator.RunConfig(str(tmp_path),
                                     session_config=session_config))
   with pytest.raises(tf.errors.InvalidArgumentError,
