@@ -11,9 +11,11 @@
 from estimator_multigpu import slim_compat
 from estimator_multigpu.devices import make_session_config
 from estimator_multigpu.gradients import TowerOptimizer
+from estimator_multigpu.plan import tower_devices
 from estimator_multigpu.replicate import multi_gpu
 
-__all__ = ["multi_gpu", "TowerOptimizer", "make_session_config"]
+__all__ = ["multi_gpu", "TowerOptimizer", "make_session_config",
+           "tower_devices"]
 __version__ = "0.1.0"
 
 slim_compat.apply_all()

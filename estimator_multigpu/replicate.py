@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional
 
-from absl import logging
 import tensorflow as tf
 from tensorflow.python.util import function_utils  # pylint: disable=g-direct-tensorflow-import
 
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import ema as ema_lib
 from estimator_multigpu import gradients as gradients_lib
+from estimator_multigpu import plan as plan_lib
 from estimator_multigpu import specs as specs_lib
 from estimator_multigpu import splitting
 from estimator_multigpu import towers as towers_lib
@@ -26,7 +26,7 @@ LOSS_REDUCTIONS = ("mean", "sum")
 @dataclasses.dataclass(frozen=True)
 class Options:
   """The decorator's options, checked when the model_fn is wrapped."""
-  devices: Optional[list]
+  groups: Optional[list]  # one device group per tower; None = default.
   ps_device: Optional[str]
   loss_reduction: str
   ema_decay: Optional[float]
@@ -35,7 +35,7 @@ class Options:
 
 
 def multi_gpu(model_fn: Optional[ModelFn] = None, *,
-              devices: Union[None, int, Sequence[str]] = None,
+              devices: plan_lib.DevicesOption = None,
               ps_device: Optional[str] = None,
               loss_reduction: str = "mean",
               ema_decay: Optional[float] = None,
@@ -102,7 +102,10 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     devices: None (every visible GPU, else one CPU tower), an int n (the
       first n GPUs), or device strings (`/gpu:0`, `/GPU:0`, `/device:GPU:0`,
       `/cpu:1`). Each must exist in the session; for N towers on a CPU, use
-      `make_session_config(num_cpus=N)` in the RunConfig.
+      `make_session_config(num_cpus=N)` in the RunConfig. A list of device
+      groups (`[["/gpu:0", "/gpu:1"], ["/gpu:2", "/gpu:3"]]`) gives each
+      tower a group: its ops default to the group's first device and the
+      model_fn may place layers on the others (`tower_devices()`).
     ps_device: where shared variables live and gradients are combined (the
       aggregation device). None: `/cpu:0` with several towers; the tower's
       own device with one.
@@ -140,8 +143,7 @@ def check_options(devices, ps_device, loss_reduction, ema_decay,
   _check_open_interval("clip_gradients_by_norm", clip_gradients_by_norm,
                        0.0, float("inf"), "e.g. 5.0")
   return Options(
-      devices=None if devices is None else devices_lib.resolve_devices(
-          devices),
+      groups=plan_lib.resolve_groups(devices),
       ps_device=None if ps_device is None else devices_lib.canonical_device(
           ps_device),
       loss_reduction=loss_reduction, ema_decay=ema_decay,
@@ -211,14 +213,15 @@ def build_spec(model_fn, options, features, labels, mode, params, config):
   if building_export_graph():
     spec = call_model_fn(model_fn, features, labels, mode, params, config)
     return _with_ema(spec, mode, options, None)
-  plan = make_plan(options, config)
+  plan = plan_lib.make_plan(options.groups, options.ps_device,
+                           getattr(config, "session_config", None))
   if plan.num_towers == 1 and options.clip_gradients_by_norm is None:
     with tf.device(plan.devices[0]):
       spec = call_model_fn(model_fn, features, labels, mode, params, config)
     specs_lib.publish_losses(spec.loss, [])
     return _with_ema(spec, mode, options, plan.aggregation_device)
   split = splitting.split_batch(features, labels, plan.num_towers)
-  log_plan(plan, split, mode)
+  plan_lib.log_plan(plan, split, mode)
   towers = build_towers(model_fn, plan, split, mode, params, config,
                         options.loss_reduction)
   train_op = (_train_op(towers, plan, options) if mode == ModeKeys.TRAIN
@@ -228,52 +231,16 @@ def build_spec(model_fn, options, features, labels, mode, params, config):
   return _with_ema(spec, mode, options, plan.aggregation_device)
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """Where towers, variables and gradient aggregation go for one graph."""
-  devices: list
-  variable_device: Optional[str]
-  aggregation_device: str
-
-  @property
-  def num_towers(self) -> int:
-    return len(self.devices)
-
-
-def make_plan(options: Options, config) -> Plan:
-  """Resolves the devices for this graph and checks that they exist."""
-  devices = options.devices or devices_lib.resolve_devices(None)
-  session_config = getattr(config, "session_config", None)
-  devices_lib.check_devices_exist(devices, session_config)
-  if options.ps_device:
-    devices_lib.check_devices_exist([options.ps_device], session_config)
-  if len(devices) == 1:
-    return Plan(devices, options.ps_device, options.ps_device or devices[0])
-  variable_device = options.ps_device or "/device:CPU:0"
-  return Plan(devices, variable_device, variable_device)
-
-
-def log_plan(plan: Plan, split: splitting.Split, mode: str) -> None:
-  per_tower = (split.sizes if split.static else
-               "known at run time (sizes differ by at most 1)")
-  logging.info(
-      "multi_gpu %s: %d towers on %s; variables on %s; gradients aggregated "
-      "on %s; global batch %s -> per-tower batch %s", mode, plan.num_towers,
-      ", ".join(map(devices_lib.short_name, plan.devices)),
-      devices_lib.short_name(plan.variable_device or plan.devices[0]),
-      devices_lib.short_name(plan.aggregation_device),
-      split.global_batch_size if split.static else "dynamic", per_tower)
-
-
-def build_towers(model_fn, plan: Plan, split: splitting.Split, mode, params,
+def build_towers(model_fn, plan: plan_lib.Plan, split: splitting.Split, mode, params,
                  config, loss_reduction: str) -> list:
   """Calls the model_fn once per tower; returns the built `Tower`s."""
   sharing = towers_lib.VariableSharing()
   before_tower0 = towers_lib.GraphState.capture()
   towers, globals_after_tower0 = [], set()
-  for index, device in enumerate(plan.devices):
-    tower = towers_lib.Tower(index, device,
-                             split.loss_weight(index, loss_reduction))
+  for index, group in enumerate(plan.groups):
+    tower = towers_lib.Tower(index, group[0],
+                             split.loss_weight(index, loss_reduction),
+                             group=group)
     features, labels = split.shards[index]
     with towers_lib.tower_scope(tower, plan.variable_device), \
         towers_lib.isolated_graph_state(tower, before_tower0), \
@@ -301,7 +268,7 @@ def _call_in_tower(model_fn, tower, features, labels, mode, params, config):
         f"every tower. TensorFlow said: {error}") from error
 
 
-def _train_op(towers: list, plan: Plan, options: Options) -> tf.Operation:
+def _train_op(towers: list, plan: plan_lib.Plan, options: Options) -> tf.Operation:
   if not towers[0].optimizer_calls:
     raise ValueError(
         "The model_fn's train_op does not come from a `TowerOptimizer`; "

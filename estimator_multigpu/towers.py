@@ -73,6 +73,7 @@ class Tower:
     optimizer_calls: `TowerOptimizer` calls recorded, in call order.
     collections: the items the tower added to `ISOLATED_COLLECTIONS`.
     spec: the EstimatorSpec the model_fn returned.
+    group: the tower's devices (model parallelism); `device` is the first.
   """
   index: int
   device: Optional[str]
@@ -80,6 +81,7 @@ class Tower:
   optimizer_calls: list = dataclasses.field(default_factory=list)
   collections: dict = dataclasses.field(default_factory=dict)
   spec: Any = None
+  group: list = dataclasses.field(default_factory=list)
 
   @property
   def name(self) -> str:

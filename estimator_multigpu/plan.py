@@ -1,0 +1,111 @@
+"""The plan: which device each tower runs on, where variables live and where
+gradients are combined, for one graph.
+
+`devices` may also be a list of device *groups* for hybrid data and model
+parallelism: `[["/gpu:0", "/gpu:1"], ["/gpu:2", "/gpu:3"]]` makes two towers;
+each tower's ops go to the first device of its group unless the model_fn
+places them on another one, which `tower_devices()` returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence, Union
+
+from absl import logging
+
+from estimator_multigpu import devices as devices_lib
+from estimator_multigpu import splitting
+from estimator_multigpu import towers as towers_lib
+
+DevicesOption = Union[None, int, Sequence[str], Sequence[Sequence[str]]]
+
+
+def resolve_groups(devices: DevicesOption) -> Optional[list]:
+  """The `devices` option as one device group (a list) per tower.
+
+  Raises:
+    TypeError, ValueError: as `devices.resolve_devices`, or for an empty or
+      repeated group.
+  """
+  if devices is None:
+    return None
+  if isinstance(devices, (list, tuple)) and devices and all(
+      isinstance(group, (list, tuple)) for group in devices):
+    groups = [[devices_lib.canonical_device(d) for d in group]
+              for group in devices]
+    for group in groups:
+      if not group or len(set(group)) != len(group):
+        raise ValueError(
+            f"`devices` group {group} is empty or repeats a device; each "
+            "tower's group lists distinct devices, e.g. [['/gpu:0', "
+            "'/gpu:1'], ['/gpu:2', '/gpu:3']].")
+    devices_lib.resolve_devices([group[0] for group in groups])  # distinct.
+    return groups
+  return [[device] for device in devices_lib.resolve_devices(devices)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Where towers, variables and gradient aggregation go for one graph."""
+  groups: list
+  variable_device: Optional[str]
+  aggregation_device: str
+
+  @property
+  def devices(self) -> list:
+    """Each tower's main device: the first of its group."""
+    return [group[0] for group in self.groups]
+
+  @property
+  def num_towers(self) -> int:
+    return len(self.groups)
+
+
+def make_plan(groups: Optional[list], ps_device: Optional[str],
+              session_config) -> Plan:
+  """Resolves the devices for this graph and checks that they exist.
+
+  Args:
+    groups: from `resolve_groups`, or None for the default devices.
+    ps_device: canonical variable/aggregation device, or None for the
+      default: `/cpu:0` with several towers, the tower's device with one.
+    session_config: the session's ConfigProto (virtual CPU count), or None.
+  """
+  groups = groups or [[d] for d in devices_lib.resolve_devices(None)]
+  wanted = [d for group in groups for d in group]
+  devices_lib.check_devices_exist(list(dict.fromkeys(
+      wanted + ([ps_device] if ps_device else []))), session_config)
+  if len(groups) == 1:
+    return Plan(groups, ps_device, ps_device or groups[0][0])
+  variable_device = ps_device or "/device:CPU:0"
+  return Plan(groups, variable_device, variable_device)
+
+
+def log_plan(plan: Plan, split: splitting.Split, mode: str) -> None:
+  """One INFO line with the plan."""
+  per_tower = (split.sizes if split.static else
+               "known at run time (sizes differ by at most 1)")
+  logging.info(
+      "multi_gpu %s: %d towers on %s; variables on %s; gradients aggregated "
+      "on %s; global batch %s -> per-tower batch %s", mode, plan.num_towers,
+      ", ".join(_group_name(group) for group in plan.groups),
+      devices_lib.short_name(plan.variable_device or plan.devices[0]),
+      devices_lib.short_name(plan.aggregation_device),
+      split.global_batch_size if split.static else "dynamic", per_tower)
+
+
+def _group_name(group: list) -> str:
+  names = [devices_lib.short_name(d) for d in group]
+  return names[0] if len(names) == 1 else f"[{'+'.join(names)}]"
+
+
+def tower_devices() -> list:
+  """The devices of the tower being built (its group; one device usually).
+
+  Call it inside a model_fn wrapped by `multi_gpu` to place consecutive
+  layers on the devices of the tower's group (model parallelism inside a
+  tower). Outside `multi_gpu` it returns [] .
+  """
+  tower = towers_lib.current_tower()
+  return list(tower.group) if tower is not None else []
