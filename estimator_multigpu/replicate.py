@@ -62,7 +62,10 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
        by `tf.compat.v1.get_variable`, tf-slim, `tf.compat.v1.layers`, Keras
        layers built inside the `model_fn`, or `tf.Variable`.
     4. Batch-norm statistics inside a tower come from that tower's shard; the
-       UPDATE_OPS of tower 0 run once per step (towers 1.. are not run).
+       UPDATE_OPS of tower 0 run once per step (towers 1.. are not run, so
+       control dependencies around the optimizer call are dropped in towers
+       1..). The combined update runs with tower 0's train_op; other control
+       dependencies on the returned train_op are not ordered after it.
     5. Gradient clipping written inside the `model_fn` clips each tower's
        share of the gradient; use `clip_gradients_by_norm` for the
        single-device clip of the combined gradient.
