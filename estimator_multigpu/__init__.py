@@ -6,16 +6,42 @@
     def model_fn(features, labels, mode, params): ...
 
     opt = emg.TowerOptimizer(tf.compat.v1.train.MomentumOptimizer(lr, 0.9))
+
+Public names load on first use (PEP 562), so `python -m
+estimator_multigpu.devices` runs its module cleanly; `slim_compat` fixes are
+applied on import.
 """
 
-from estimator_multigpu import slim_compat
-from estimator_multigpu.devices import make_session_config
-from estimator_multigpu.gradients import TowerOptimizer
-from estimator_multigpu.plan import tower_devices
-from estimator_multigpu.replicate import multi_gpu
+import importlib
 
-__all__ = ["multi_gpu", "TowerOptimizer", "make_session_config",
-           "tower_devices"]
+from estimator_multigpu import slim_compat
+
+_PUBLIC = {
+    "multi_gpu": "replicate",
+    "TowerOptimizer": "gradients",
+    "make_session_config": "devices",
+    "make_parallel": "parallel",
+    "tower_devices": "plan",
+}
+
+__all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"
 
 slim_compat.apply_all()
+
+
+def __getattr__(name: str):
+  if name in _PUBLIC:
+    module = importlib.import_module(f"{__name__}.{_PUBLIC[name]}")
+    return getattr(module, name)
+  try:
+    return importlib.import_module(f"{__name__}.{name}")
+  except ModuleNotFoundError as error:
+    if error.name != f"{__name__}.{name}":
+      raise
+    raise AttributeError(
+        f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

@@ -5,18 +5,36 @@ Every device string the library hands to `tf.device` is canonical
 `gpu:0`, `/device:GPU:0`). A requested device that the session will not have
 is an error listing the devices it does have: TensorFlow's soft placement would
 otherwise run a "GPU" tower silently on the CPU.
+
+Single-machine recipes: `pin_gpus([1, 3])` restricts the process to chosen
+GPUs before TensorFlow initialises them; `make_session_config` sets virtual
+CPUs, GPU memory growth and a GPU memory fraction; `local_devices()` and
+`physical_devices()` list the devices (see `estimator_multigpu.topology` for
+what each initialises); `python -m estimator_multigpu.devices` prints them
+with the GPUs' peer-access matrix and the aggregation device.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 from typing import Optional, Sequence, Union
 
+from absl import logging
 import tensorflow as tf
+
+from estimator_multigpu import topology
+# Re-exported: the device listings live in topology.py.
+DeviceRecord = topology.DeviceRecord
+device_report = topology.device_report
+local_devices = topology.local_devices
+physical_devices = topology.physical_devices
 
 tf1 = tf.compat.v1
 
 DeviceRequest = Union[None, int, Sequence[str]]
+GpuIds = topology.GpuIds
 
 _DEVICE_RE = re.compile(r"^/?(?:device:)?(cpu|gpu):(\d+)$", re.IGNORECASE)
 
@@ -133,7 +151,9 @@ def check_devices_exist(devices: Sequence[str],
 
 def make_session_config(num_cpus: int = 1,
                         gpu_memory_growth: bool = True,
-                        allow_soft_placement: bool = True) -> tf1.ConfigProto:
+                        allow_soft_placement: bool = True, *,
+                        gpu_memory_fraction: Optional[float] = None
+                        ) -> tf1.ConfigProto:
   """Builds a session config with `num_cpus` virtual CPU devices.
 
   `/cpu:0 ... /cpu:<num_cpus - 1>` then exist in every session built from it,
@@ -146,6 +166,9 @@ def make_session_config(num_cpus: int = 1,
     num_cpus: number of CPU devices the session exposes (>= 1).
     gpu_memory_growth: let GPU memory grow as needed.
     allow_soft_placement: passed to the ConfigProto.
+    gpu_memory_fraction: cap each GPU's memory at this fraction of its total,
+      in (0, 1]; None for no cap. With `gpu_memory_growth` the memory grows
+      up to the cap, otherwise the whole fraction is reserved at start.
 
   Returns:
     A `tf.compat.v1.ConfigProto` for `tf.estimator.RunConfig(session_config=)`.
@@ -157,4 +180,120 @@ def make_session_config(num_cpus: int = 1,
   config = tf1.ConfigProto(device_count={"CPU": num_cpus},
                            allow_soft_placement=allow_soft_placement)
   config.gpu_options.allow_growth = gpu_memory_growth
+  if gpu_memory_fraction is not None:
+    _check_fraction(gpu_memory_fraction)
+    config.gpu_options.per_process_gpu_memory_fraction = gpu_memory_fraction
   return config
+
+
+def _check_fraction(fraction: float) -> None:
+  if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+    raise TypeError(
+        f"`gpu_memory_fraction` must be a number or None; got {fraction!r}.")
+  if not 0.0 < fraction <= 1.0:
+    raise ValueError(
+        f"`gpu_memory_fraction` is {fraction}; expected a number in (0, 1], "
+        "e.g. 0.5 for half of each GPU's memory, or None for no cap.")
+
+
+def pin_gpus(gpu_ids: GpuIds, *, verify: bool = True) -> str:
+  """Makes only the GPUs `gpu_ids` visible, as `/gpu:0`, `/gpu:1`, ...
+
+  Sets `CUDA_VISIBLE_DEVICES`, which CUDA reads once, when its driver is
+  initialised. Call it first thing, before anything lists or uses devices:
+  `tf.config.list_physical_devices`, a session, an Estimator, an eager op,
+  `device_lib.list_local_devices` (or another CUDA library) all do.
+
+  The ids count the GPUs this process was started with: with no
+  `CUDA_VISIBLE_DEVICES`, nvidia-smi's numbering (`CUDA_DEVICE_ORDER` is set
+  to `PCI_BUS_ID` unless already set); when a scheduler already set
+  `CUDA_VISIBLE_DEVICES=4,5,6,7`, `pin_gpus([1, 3])` picks its 5 and 7.
+  Calling it again with the same ids changes nothing.
+
+  Args:
+    gpu_ids: GPU ids, e.g. `[1, 3]`, `"1,3"` or `["1", "3"]` (an absl list
+      flag); empty to hide every GPU.
+    verify: afterwards list the physical GPUs (which fixes the GPU set for
+      the process, see `topology.gpus_fixed_reason`) and check that
+      TensorFlow sees exactly `len(gpu_ids)` of them.
+
+  Returns:
+    The new value of `CUDA_VISIBLE_DEVICES`.
+
+  Raises:
+    TypeError, ValueError: `gpu_ids` is malformed, names a GPU the process
+      was not started with, or (with `verify`) TensorFlow sees another count.
+    RuntimeError: too late; this process has already initialised its GPUs.
+  """
+  ids = topology.parse_gpu_ids(gpu_ids)
+  started_with = _STARTED_WITH.setdefault(
+      "CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+  value = topology.visible_devices_value(ids, started_with)
+  if os.environ.get("CUDA_VISIBLE_DEVICES") == value:
+    return value
+  _check_not_too_late(ids, value)
+  if started_with is None:
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+  os.environ["CUDA_VISIBLE_DEVICES"] = value
+  logging.info("pin_gpus: CUDA_VISIBLE_DEVICES=%s (GPUs %s appear as "
+               "/gpu:0..)", value, ids)
+  if verify:
+    _verify_pinned(ids, value)
+  return value
+
+
+# CUDA_VISIBLE_DEVICES as it was before the first pin_gpus call.
+_STARTED_WITH: dict = {}
+
+
+def _check_not_too_late(gpu_ids: list, value: str) -> None:
+  too_late = topology.gpus_fixed_reason()
+  if too_late:
+    raise RuntimeError(
+        f"pin_gpus({gpu_ids}) came too late: {too_late}, so "
+        f"CUDA_VISIBLE_DEVICES={value!r} would have no effect. Call pin_gpus "
+        "first thing in the program (before building graphs, sessions or "
+        "Estimators), or start the process with "
+        f"CUDA_VISIBLE_DEVICES={value}.")
+
+
+def _verify_pinned(gpu_ids: list, value: str) -> None:
+  seen = len(tf.config.list_physical_devices("GPU"))
+  if seen == len(gpu_ids):
+    return
+  hint = ("this TensorFlow is built without CUDA; install "
+          "'tensorflow[and-cuda]'" if not tf.test.is_built_with_cuda() else
+          "the machine has fewer GPUs than that; list them with "
+          "`nvidia-smi -L` or `python -m estimator_multigpu.devices`")
+  raise ValueError(
+      f"pin_gpus({gpu_ids}) set CUDA_VISIBLE_DEVICES={value!r}, but "
+      f"TensorFlow sees {seen} GPU(s) where {len(gpu_ids)} were asked for: "
+      f"{hint}. The GPU set is now fixed for this process; restart it with "
+      "valid ids (or pass verify=False to skip this check).")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m estimator_multigpu.devices`: prints the device report.
+
+  Creates every device (see `topology.local_devices`), so it initialises
+  TensorFlow's GPUs; `nvidia-smi topo -m` is appended when present.
+  """
+  parser = argparse.ArgumentParser(
+      prog="python -m estimator_multigpu.devices",
+      description="List this machine's devices, the GPUs' peer access and "
+      "the aggregation device multi_gpu would choose.")
+  parser.add_argument("--num_cpus", type=int, default=1,
+                      help="virtual CPU devices to list (as with "
+                      "make_session_config(num_cpus=N)); default 1")
+  args = parser.parse_args(argv)
+  if args.num_cpus < 1:
+    parser.error(f"--num_cpus must be >= 1; got {args.num_cpus}.")
+  records = local_devices(make_session_config(num_cpus=args.num_cpus))
+  nvidia = topology.nvidia_smi_topology() if topology.gpus(records) else None
+  print(device_report(records, nvidia,
+                      os.environ.get("CUDA_VISIBLE_DEVICES")), end="")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
