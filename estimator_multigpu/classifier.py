@@ -3,8 +3,9 @@
 It is an ordinary single-device model_fn (wrap it with `multi_gpu`): a
 `nets_factory` network, softmax cross-entropy with optional label smoothing
 plus weight decay, a learning-rate schedule with warm-up, and a
-`TowerOptimizer`-wrapped optimizer. Everything is configured by a plain
-`ClassifierConfig`; the scripts build it from flags.
+`TowerOptimizer`-wrapped optimizer (inside it a `SyncReplicasOptimizer` when
+`sync_replicas` is set, for synchronous training on a cluster). Everything is
+configured by a plain `ClassifierConfig`; the scripts build it from flags.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ClassifierConfig:
   decay_rate: float = 0.5
   end_learning_rate: float = 0.0
   warmup_steps: int = 0
+  sync_replicas: int = 0  # n > 0: average n workers' gradients per step.
 
   def __post_init__(self):
     _check_choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -55,6 +57,9 @@ class ClassifierConfig:
           f"`learning_rate` ({self.learning_rate}) must be > 0, "
           f"`decay_steps` ({self.decay_steps}) >= 1 and `warmup_steps` "
           f"({self.warmup_steps}) >= 0.")
+    if self.sync_replicas < 0:
+      raise ValueError(f"`sync_replicas` is {self.sync_replicas}; expected 0 "
+                       "(asynchronous) or the number of workers.")
 
 
 def _check_choice(name: str, value: str, choices: tuple) -> None:
@@ -98,8 +103,13 @@ def make_optimizer(config: ClassifierConfig,
 
 
 def model_fn(features: tf.Tensor, labels: Optional[tf.Tensor], mode: str,
-             params: dict) -> tf.estimator.EstimatorSpec:
-  """Classifies `features` (NHWC images) with `params["classifier"]`."""
+             params: dict, config: Optional[tf.estimator.RunConfig] = None
+             ) -> tf.estimator.EstimatorSpec:
+  """Classifies `features` (NHWC images) with `params["classifier"]`.
+
+  `config.is_chief` (RunConfig) picks the SyncReplicasOptimizer hook's role.
+  """
+  is_chief = getattr(config, "is_chief", True)
   config: ClassifierConfig = params["classifier"]
   network_fn = nets.get_network_fn(config.model_name, config.num_classes,
                                    config.weight_decay,
@@ -115,8 +125,9 @@ def model_fn(features: tf.Tensor, labels: Optional[tf.Tensor], mode: str,
   if mode == ModeKeys.EVAL:
     return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops=(
         eval_metrics(config, logits, labels, predictions)))
-  return tf.estimator.EstimatorSpec(mode, loss=loss,
-                                    train_op=_train_op(config, loss))
+  train_op, hooks = _train_op(config, loss, is_chief)
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
+                                    training_hooks=hooks)
 
 
 def _loss(config: ClassifierConfig, logits, labels) -> tf.Tensor:
@@ -126,14 +137,30 @@ def _loss(config: ClassifierConfig, logits, labels) -> tf.Tensor:
   return tf1.losses.get_total_loss()  # cross-entropy + weight decay.
 
 
-def _train_op(config: ClassifierConfig, loss: tf.Tensor) -> tf.Operation:
+def _train_op(config: ClassifierConfig, loss: tf.Tensor,
+              is_chief: bool) -> tuple:
+  """The train op and its hooks (SyncReplicasOptimizer's, when synced)."""
   global_step = tf1.train.get_or_create_global_step()
   rate = learning_rate(config, global_step)
   tf1.summary.scalar("learning_rate", rate)
-  optimizer = gradients.TowerOptimizer(make_optimizer(config, rate),
-                                       summarize_gradient_norm=True)
+  optimizer = gradients.TowerOptimizer(_maybe_synced(
+      config, make_optimizer(config, rate)), summarize_gradient_norm=True)
   with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
-    return optimizer.minimize(loss, global_step)
+    train_op = optimizer.minimize(loss, global_step)
+  if not config.sync_replicas:
+    return train_op, []
+  # No initial tokens: each worker waits for the first aggregated update, so
+  # every step averages one gradient from each of the n workers.
+  return train_op, [optimizer.make_session_run_hook(is_chief, num_tokens=0)]
+
+
+def _maybe_synced(config: ClassifierConfig,
+                  optimizer: tf1.train.Optimizer) -> tf1.train.Optimizer:
+  if not config.sync_replicas:
+    return optimizer
+  return tf1.train.SyncReplicasOptimizer(
+      optimizer, replicas_to_aggregate=config.sync_replicas,
+      total_num_replicas=config.sync_replicas)
 
 
 def eval_metrics(config: ClassifierConfig, logits, labels,

@@ -20,6 +20,10 @@ from estimator_multigpu import towers as towers_lib
 
 tf1 = tf.compat.v1
 
+# Names of the SyncReplicasOptimizers that applied gradients in this graph
+# (read by `multi_gpu` to update the moving average on the chief only).
+SYNC_REPLICAS_COLLECTION = "estimator_multigpu_sync_replicas"
+
 
 class TowerOptimizer(tf1.train.Optimizer):
   """Wraps a `tf.compat.v1.train.Optimizer` for use inside `multi_gpu`.
@@ -94,6 +98,9 @@ class TowerOptimizer(tf1.train.Optimizer):
     if self._summarize_gradient_norm:
       tf1.summary.scalar("gradient_global_norm", tf.linalg.global_norm(
           [g for g, _ in grads_and_vars if g is not None]))
+    if isinstance(self._optimizer, tf1.train.SyncReplicasOptimizer):
+      tf1.add_to_collection(SYNC_REPLICAS_COLLECTION,
+                            self._optimizer.get_name())
     return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
 
   def get_slot(self, *args, **kwargs):

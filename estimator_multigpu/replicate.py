@@ -215,14 +215,14 @@ def build_spec(model_fn, options, features, labels, mode, params, config):
   """Builds the towers for one graph and merges their specs."""
   if building_export_graph():
     spec = call_model_fn(model_fn, features, labels, mode, params, config)
-    return _with_ema(spec, mode, options, None)
+    return _with_ema(spec, mode, options, None, config)
   plan = plan_lib.make_plan(options.groups, options.ps_device,
                            getattr(config, "session_config", None))
   if plan.num_towers == 1 and options.clip_gradients_by_norm is None:
     with tf.device(plan.devices[0]):
       spec = call_model_fn(model_fn, features, labels, mode, params, config)
     specs_lib.publish_losses(spec.loss, [])
-    return _with_ema(spec, mode, options, plan.aggregation_device)
+    return _with_ema(spec, mode, options, plan.aggregation_device, config)
   split = splitting.split_batch(features, labels, plan.num_towers)
   plan_lib.log_plan(plan, split, mode)
   towers = build_towers(model_fn, plan, split, mode, params, config,
@@ -231,7 +231,7 @@ def build_spec(model_fn, options, features, labels, mode, params, config):
               else None)
   spec = specs_lib.merge_specs(towers, mode, train_op)
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
-  return _with_ema(spec, mode, options, plan.aggregation_device)
+  return _with_ema(spec, mode, options, plan.aggregation_device, config)
 
 
 def build_towers(model_fn, plan: plan_lib.Plan, split: splitting.Split, mode, params,
@@ -284,9 +284,18 @@ def _train_op(towers: list, plan: plan_lib.Plan, options: Options) -> tf.Operati
   return specs_lib.merged_train_op(towers, apply_ops)
 
 
-def _with_ema(spec, mode, options: Options, device: Optional[str]):
-  """Adds the EMA update (TRAIN) or the averaged-weight saver (others)."""
+def _with_ema(spec, mode, options: Options, device: Optional[str], config):
+  """Adds the EMA update (TRAIN) or the averaged-weight saver (others).
+
+  With a SyncReplicasOptimizer only the chief updates the average, once per
+  global step after the aggregated update; every worker updating it would
+  average each step once per worker.
+  """
   if options.ema_decay is None:
+    return spec
+  if mode == ModeKeys.TRAIN and tf1.get_collection(
+      gradients_lib.SYNC_REPLICAS_COLLECTION) and not getattr(
+          config, "is_chief", True):
     return spec
   if mode == ModeKeys.TRAIN:
     return spec._replace(train_op=ema_lib.apply_after(

@@ -1,0 +1,91 @@
+"""The line protocol between the coordinator and one benchmark subprocess.
+
+The coordinator writes commands on the worker's stdin, one per line:
+`run N` (run N training steps now, then report how long they took) or
+`stop`. The worker answers on stdout with lines `BENCH {json}`: `ready` once
+its graph and session exist and one step ran, `window` after each run, `done` at exit. Only
+one worker runs steps at a time, so timed windows of different systems never
+compete for the cores; idle workers block on stdin.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from typing import Optional
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+PREFIX = "BENCH "
+
+
+def send(event: str, **fields) -> None:
+  """Writes one `BENCH {json}` line to stdout."""
+  sys.stdout.write(PREFIX + json.dumps({"event": event, **fields}) + "\n")
+  sys.stdout.flush()
+
+
+def parse(line: str) -> Optional[dict]:
+  """The message of a `BENCH` line, or None for any other output."""
+  return json.loads(line[len(PREFIX):]) if line.startswith(PREFIX) else None
+
+
+def next_command() -> int:
+  """Blocks for the next command: steps to run, 0 for `stop`."""
+  line = sys.stdin.readline().split()
+  if not line or line[0] != "run":
+    return 0
+  return int(line[1])
+
+
+def max_rss_mb() -> float:
+  """Peak resident set size of this process (ru_maxrss is KiB on Linux)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class Pacer:
+  """Counts steps of the current command and reports finished windows.
+
+  The first step runs before `ready` is sent: it holds one-off costs
+  (graph optimisation, memory allocation), which so count as set-up and are
+  paid while the workers start side by side, not in the timed rounds.
+  """
+
+  def __init__(self, started: float):
+    self._started = started
+    self._remaining = 1
+    self._window_start = 0.0
+    self._is_ready = False
+
+  def _next(self) -> bool:
+    self._remaining = next_command()
+    self._window_start = time.perf_counter()
+    return self._remaining > 0
+
+  def step_done(self) -> bool:
+    """Call after each step; returns False when told to stop."""
+    self._remaining -= 1
+    if self._remaining > 0:
+      return True
+    if self._is_ready:
+      send("window", seconds=time.perf_counter() - self._window_start)
+    else:
+      self._is_ready = True
+      send("ready", setup_seconds=time.perf_counter() - self._started,
+           tf_version=tf.__version__)
+    return self._next()
+
+
+class PacedHook(tf1.train.SessionRunHook):
+  """Drives `Estimator.train` by the coordinator's commands."""
+
+  def __init__(self, pacer: Pacer):
+    self._pacer = pacer
+
+  def after_run(self, run_context, run_values):
+    del run_values
+    if not self._pacer.step_done():
+      run_context.request_stop()

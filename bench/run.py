@@ -1,0 +1,139 @@
+"""Benchmarks `multi_gpu` against the unwrapped model_fn, MirroredStrategy
+and the hand-written tower loop: `python -m bench.run [--quick]`.
+
+Prints markdown tables and PASS/MISS target lines, writes JSON (--output).
+Every system runs in its own subprocess; timed windows are interleaved, so
+compare ratios within one run, not absolute numbers across runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+from bench import specs
+from bench import report
+from bench import schedule
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_bool("quick", False, "A ~3-minute run on 2 cores: MLP and "
+                  "LeNet, fewer and shorter windows, LeNet graph builds.")
+flags.DEFINE_list("models", None, "Models (default: mlp,lenet,resnet_v1_50; "
+                  "quick: mlp,lenet). Choices: " + ",".join(specs.MODELS))
+flags.DEFINE_list("towers", ["1", "2", "4"], "Tower counts for multi_gpu and "
+                  "MirroredStrategy.")
+flags.DEFINE_list("tutorial_towers", None, "Tower counts of the hand-written "
+                  "loop (default: --towers; quick: 2).")
+flags.DEFINE_integer("rounds", None, "Timed windows per system (default 7; "
+                     "quick 5).")
+flags.DEFINE_float("window_seconds", None, "Target length of one window "
+                   "(default 1.5; quick 0.5).")
+flags.DEFINE_string("graph_model", None, "Model whose graph construction is "
+                    "timed (default resnet_v1_50; quick lenet); '' skips it.")
+flags.DEFINE_list("graph_towers", ["1", "2", "4", "8"], "Tower counts of the "
+                  "graph-construction timing.")
+flags.DEFINE_integer("graph_repeats", None, "Builds per tower count, fastest "
+                     "kept (default 1; quick 3).")
+flags.DEFINE_enum("kind", "auto", ["auto", "cpu", "gpu"], "Tower devices: "
+                  "virtual CPUs, or GPUs (auto: GPUs if nvidia-smi exists).")
+flags.DEFINE_list("thread_variants", [], "Extra multi_gpu runs with explicit "
+                  "session thread pools, as intra:inter pairs (e.g. 1:2).")
+flags.DEFINE_string("output", "bench/results.json", "Where the JSON goes.")
+
+
+def settings() -> dict:
+  """The run's settings, resolved from the flags and --quick."""
+  quick = FLAGS.quick
+  pick = lambda value, full, short: value if value is not None else (
+      short if quick else full)
+  towers = [int(k) for k in FLAGS.towers]
+  return {
+      "quick": quick,
+      "models": pick(FLAGS.models, ["mlp", "lenet", "resnet_v1_50"],
+                     ["mlp", "lenet"]),
+      "towers": towers,
+      "tutorial_towers": [int(k) for k in pick(FLAGS.tutorial_towers,
+                                               towers, [2])],
+      "rounds": pick(FLAGS.rounds, 7, 5),
+      "window_seconds": pick(FLAGS.window_seconds, 1.5, 0.5),
+      "graph_model": pick(FLAGS.graph_model, "resnet_v1_50", "lenet"),
+      "graph_towers": [int(k) for k in FLAGS.graph_towers],
+      "graph_repeats": pick(FLAGS.graph_repeats, 1, 3),
+      "thread_variants": [tuple(int(n) for n in v.split(":"))
+                          for v in FLAGS.thread_variants],
+      "kind": (FLAGS.kind if FLAGS.kind != "auto" else
+               "gpu" if shutil.which("nvidia-smi") else "cpu"),
+      "cpu_count": os.cpu_count(), "machine": platform.platform(),
+      "load_average_before": os.getloadavg()[0],
+      "python": platform.python_version(),
+  }
+
+
+def jobs_for(model: str, config: dict) -> list:
+  """The single-device baseline first, then every system and tower count."""
+  make = lambda system, k, threads=(0, 0): schedule.Job(
+      system, k, model, config["kind"], *threads)
+  return ([make("single", 1)] +
+          [make("multi_gpu", k) for k in config["towers"]] +
+          [make("multi_gpu", k, v) for v in config["thread_variants"]
+           for k in config["towers"]] +
+          [make("mirrored", k) for k in config["towers"]] +
+          [make("tutorial", k) for k in config["tutorial_towers"]])
+
+
+def main(argv):
+  del argv
+  start, config = time.perf_counter(), settings()
+  log_dir = tempfile.mkdtemp(prefix="bench_logs_")
+  rows, checks, failures = [], [], []
+  for model in config["models"]:
+    timings, failed = schedule.measure_model(
+        jobs_for(model, config), config["rounds"], config["window_seconds"],
+        log_dir)
+    failures += failed
+    batch = specs.get_model(model, config["kind"] == "gpu").global_batch_size
+    rows += [report.to_row(t, batch) for t in timings]
+    checks += report.throughput_checks(rows, model, config["towers"])
+  graph = {}
+  if config["graph_model"]:
+    graph = schedule.measure_graph_build(
+        config["graph_model"], config["graph_towers"],
+        config["graph_repeats"], log_dir)
+    for name, result in graph.items():
+      checks += report.linear_check(config["graph_model"], name, result)
+  config["total_seconds"] = time.perf_counter() - start
+  config["failures"] = failures
+  print_report(config, rows, graph, checks, log_dir)
+  report.to_json(FLAGS.output, config, rows, graph, checks)
+
+
+def print_report(config: dict, rows: list, graph: dict, checks: list,
+                 log_dir: str) -> None:
+  print(f"\n## Throughput ({config['kind']}, {config['cpu_count']} cores, "
+        f"{config['rounds']} windows of ~{config['window_seconds']} s per "
+        "system, interleaved; load average before the run "
+        f"{config['load_average_before']:.1f})\n")
+  print(report.throughput_table(rows))
+  if graph:
+    print("\n" + report.graph_table(config["graph_model"], graph,
+                                    config["graph_towers"]))
+  if config["load_average_before"] > 0.5 * config["cpu_count"]:
+    print(f"\nNOTE: load average {config['load_average_before']:.1f} on "
+          f"{config['cpu_count']} cores before the run: other processes "
+          "were busy, so windows vary more; ratios are still side by side.")
+  print("\n## Targets\n")
+  print("\n".join([check.line() for check in checks] +
+                  [f"FAILED {failure}" for failure in config["failures"]]))
+  print(f"\n(total {config['total_seconds']:.0f} s; subprocess logs in "
+        f"{log_dir}; JSON in {FLAGS.output})")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,175 @@
+"""Runs the systems side by side: one subprocess each, interleaved windows.
+
+For one model, every system's worker is started and builds its graph; then
+each is warmed up in turn; then, round after round, each runs one timed
+window of the same number of steps while the others wait. The order rotates
+every round, so slow drifts of a noisy machine (other load, frequency
+scaling) touch every system alike, and ratios are taken within one run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from typing import Optional
+
+from bench import protocol
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One system at one tower count on one model."""
+  system: str
+  towers: int
+  model: str
+  kind: str = "cpu"
+  intra_op: int = 0  # session thread pools; 0 = TensorFlow's default.
+  inter_op: int = 0
+
+  @property
+  def label(self) -> str:
+    name = "single" if self.system == "single" else (
+        f"{self.system} x{self.towers}")
+    if self.intra_op or self.inter_op:
+      name += f" intra={self.intra_op} inter={self.inter_op}"
+    return name
+
+
+@dataclasses.dataclass
+class Timing:
+  """What one worker measured."""
+  job: Job
+  setup_seconds: float = 0.0
+  window_seconds: list = dataclasses.field(default_factory=list)
+  steps_per_window: int = 0
+  max_rss_mb: float = 0.0
+
+
+class Worker:
+  """A `bench.worker` subprocess driven through `bench.protocol`."""
+
+  def __init__(self, job: Job, log_dir: str):
+    self.job = job
+    self._log_path = os.path.join(
+        log_dir, f"{job.model}-{job.label.replace(' ', '')}.log".replace("=", ""))
+    self._log = open(self._log_path, "w")  # pylint: disable=consider-using-with
+    self._process = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-m", "bench.worker", json.dumps(
+            dataclasses.asdict(job))], cwd=REPO_ROOT, text=True, bufsize=1,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
+
+  def expect(self, event: str) -> dict:
+    """Reads stdout up to the next protocol message, which must be `event`."""
+    for line in self._process.stdout:
+      message = protocol.parse(line)
+      if message is not None:
+        if message["event"] != event:
+          break
+        return message
+    raise RuntimeError(f"{self.job.label} on {self.job.model} did not send "
+                       f"{event!r}; see its log {self._log_path}")
+
+  def run(self, steps: int) -> float:
+    """Runs `steps` steps now; returns their wall-clock seconds."""
+    self._process.stdin.write(f"run {steps}\n")
+    return self.expect("window")["seconds"]
+
+  def stop(self) -> None:
+    """Asks the worker to finish; `finish` collects its last message."""
+    self._process.stdin.write("stop\n")
+
+  def finish(self) -> dict:
+    done = self.expect("done")
+    self._process.wait()
+    self._log.close()
+    return done
+
+  def kill(self) -> None:
+    if self._process.poll() is None:
+      self._process.kill()
+    self._log.close()
+
+
+def steps_per_window(first: Worker, window_seconds: float) -> int:
+  """Steps that take about `window_seconds` on the first system."""
+  step = first.run(3) / 3
+  return max(2, round(window_seconds / step))
+
+
+def measure_model(jobs: list, rounds: int, window_seconds: float,
+                  log_dir: str) -> tuple:
+  """Times every job of one model (the first is the baseline).
+
+  Returns:
+    The `Timing`s of the jobs that ran, in job order, and one error message
+    per job whose worker failed before its first step (the others go on).
+  """
+  workers, timings, failures = [Worker(job, log_dir) for job in jobs], [], []
+  try:
+    for worker in list(workers):
+      try:
+        timings.append(Timing(worker.job,
+                              worker.expect("ready")["setup_seconds"]))
+      except RuntimeError as error:
+        if worker is workers[0]:
+          raise
+        failures.append(str(error))
+        workers.remove(worker)
+    _run_windows(workers, timings, rounds, window_seconds)
+    return timings, failures
+  finally:
+    for worker in workers:
+      worker.kill()
+
+
+def _run_windows(workers: list, timings: list, rounds: int,
+                 window_seconds: float) -> None:
+  """Warm-up, then interleaved timed windows, then the peak RSS."""
+  steps = steps_per_window(workers[0], window_seconds)
+  for worker in workers:
+    worker.run(max(3, steps // 2))  # warm-up, discarded.
+  for index in _interleaved(len(workers), rounds):
+    timings[index].window_seconds.append(workers[index].run(steps))
+  for worker in workers:  # all shut down at once.
+    worker.stop()
+  for worker, timing in zip(workers, timings):
+    timing.steps_per_window = steps
+    timing.max_rss_mb = worker.finish()["max_rss_mb"]
+
+
+def _interleaved(count: int, rounds: int) -> list:
+  """Job indices, round by round, each round's order rotated by one."""
+  return [(start + offset) % count for start in range(rounds)
+          for offset in range(count)]
+
+
+def measure_graph_build(model: str, towers: list, repeats: int,
+                        log_dir: str) -> dict:
+  """Graph-construction seconds per tower count, with and without TF2 tensor
+  equality: two single-threaded builder subprocesses side by side."""
+  runs = {name: _start_graph_build(model, towers, equality, repeats, log_dir)
+          for name, equality in (("with_equality", True),
+                                 ("without_equality", False))}
+  return {name: _graph_result(*run) for name, run in runs.items()}
+
+
+def _start_graph_build(model: str, towers: list, equality: bool,
+                       repeats: int, log_dir: str) -> tuple:
+  job = json.dumps({"model": model, "towers": towers,
+                    "tensor_equality": equality, "repeats": repeats})
+  log = open(os.path.join(log_dir, f"graph-{model}-{equality}.log"), "w")  # pylint: disable=consider-using-with
+  return subprocess.Popen(  # pylint: disable=consider-using-with
+      [sys.executable, "-m", "bench.graphbuild", job], cwd=REPO_ROOT,
+      text=True, stdout=subprocess.PIPE, stderr=log), log
+
+
+def _graph_result(process: subprocess.Popen, log) -> Optional[dict]:
+  out, _ = process.communicate()
+  log.close()
+  messages = [protocol.parse(line) for line in out.splitlines()]
+  return next((m for m in messages if m is not None), None)

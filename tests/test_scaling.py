@@ -1,0 +1,157 @@
+"""Tests for the scaling report hook (`estimator_multigpu.scaling`)."""
+
+import logging
+import re
+import time
+
+import pytest
+import tensorflow as tf
+
+import estimator_multigpu as emg
+from estimator_multigpu import scaling
+
+tf1 = tf.compat.v1
+pytestmark = pytest.mark.filterwarnings("ignore:`tf.layers.dense`")
+GLOBAL_BATCH = 16
+NUM_TOWERS = 2
+DELAY = 0.05  # seconds the slow input sleeps per batch.
+LINE_RE = re.compile(
+    r"scaling: step (\d+): ([\d.]+) examples/sec \(([\d.]+) per tower x (\d+)"
+    r" towers, global batch (\d+), ([\d.]+) ms/step over (\d+) steps\); "
+    r"input wait (\d+)%")
+
+
+def model_fn(features, labels, mode):
+  """Two 256-wide layers: a few ms per step, so a prefetched batch is cheap."""
+  hidden = tf1.layers.dense(features, 256, tf.nn.relu)
+  hidden = tf1.layers.dense(hidden, 256, tf.nn.relu)
+  loss = tf.reduce_mean(tf.square(tf1.layers.dense(hidden, 1) - labels))
+  optimizer = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.01))
+  train_op = optimizer.minimize(loss, tf1.train.get_or_create_global_step())
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def input_fn(delay: float):
+  """A constant batch; with `delay`, a py_function sleeps before each one."""
+
+  def make():
+    dataset = tf.data.Dataset.from_tensors(
+        (tf.ones([GLOBAL_BATCH, 256]), tf.ones([GLOBAL_BATCH, 1]))).repeat()
+    if not delay:
+      return dataset.prefetch(2)
+
+    def slow(features, labels):
+      features = tf.py_function(lambda x: (time.sleep(delay), x)[1],
+                                [features], tf.float32)
+      return tf.ensure_shape(features, [GLOBAL_BATCH, 256]), labels
+
+    return dataset.map(slow)
+
+  return make
+
+
+def train(run_config, delay: float, every_n_steps: int, max_steps: int):
+  hook = scaling.ScalingReportHook(GLOBAL_BATCH, NUM_TOWERS,
+                                   every_n_steps=every_n_steps, on_gpu=False)
+  estimator = tf.estimator.Estimator(
+      emg.multi_gpu(model_fn, devices=["/cpu:0", "/cpu:1"]),
+      config=run_config)
+  estimator.train(input_fn(delay), max_steps=max_steps, hooks=[hook])
+  return hook
+
+
+def messages(caplog, level):
+  return [r.getMessage() for r in caplog.records
+          if r.name == "absl" and r.levelno == level]
+
+
+def test_slow_input_warns_input_bound(run_config, caplog):
+  with caplog.at_level(logging.INFO, logger="absl"):
+    hook = train(run_config, DELAY, every_n_steps=4, max_steps=9)
+  warnings = [m for m in messages(caplog, logging.WARNING)
+              if "input-bound" in m]
+  assert len(warnings) == 2, messages(caplog, logging.WARNING)
+  assert "num_parallel_calls" in warnings[0] and "prefetch" in warnings[0]
+  # The traced step slept DELAY (50 ms) for its batch: most of the step.
+  for report in hook.reports:
+    assert report.input_wait.op_name == "IteratorGetNext"
+    assert report.input_wait.input_ms >= 1000 * DELAY * 0.9
+    assert report.input_wait.share > 0.5
+
+
+def test_fast_input_does_not_warn(run_config, caplog):
+  with caplog.at_level(logging.INFO, logger="absl"):
+    hook = train(run_config, 0.0, every_n_steps=5, max_steps=11)
+  assert len(hook.reports) == 2
+  assert all(r.input_wait.share < scaling.INPUT_BOUND_SHARE
+             for r in hook.reports), [r.input_wait for r in hook.reports]
+  assert not [m for m in messages(caplog, logging.WARNING)
+              if m.startswith("scaling:")]
+
+
+def test_log_line_arithmetic(run_config, caplog):
+  with caplog.at_level(logging.INFO, logger="absl"):
+    hook = train(run_config, DELAY, every_n_steps=3, max_steps=7)
+  lines = [LINE_RE.search(m) for m in messages(caplog, logging.INFO)]
+  lines = [m for m in lines if m]
+  assert len(lines) == len(hook.reports) == 2
+  # The first step starts the clock; reports after steps 4 and 7, 3 steps
+  # each. The global step is read while the step's train_op increments it.
+  assert [int(m.group(1)) for m in lines] in ([3, 6], [4, 7])
+  for match, report in zip(lines, hook.reports):
+    step, rate, per_tower, towers, batch, ms, steps, wait = match.groups()
+    assert (int(towers), int(batch), int(steps)) == (2, 16, 3)
+    # 3 steps x 16 examples in report.seconds.
+    assert float(rate) == pytest.approx(3 * 16 / report.seconds, abs=0.06)
+    assert float(per_tower) == pytest.approx(float(rate) / 2, abs=0.06)
+    assert float(ms) == pytest.approx(1000 * report.seconds / 3, abs=0.06)
+    wait_share = report.input_wait.input_ms / report.input_wait.step_ms
+    assert int(wait) == round(100 * wait_share)
+    # Plausible: every step sleeps 50 ms for its batch, so at most 16
+    # examples per 50 ms = 320 examples/sec, and at least 50 ms per step.
+    assert float(ms) >= 1000 * DELAY * 0.95 and float(rate) <= 320 * 1.05
+
+
+@pytest.mark.parametrize("on_gpu,global_batch,towers,warned", [
+    (True, 48, 4, True),     # 12 per tower on GPUs.
+    (True, 64, 4, False),    # 16 per tower: enough.
+    (False, 48, 4, False),   # CPU towers: no GPU advice.
+])
+def test_small_per_tower_batch_warning(caplog, on_gpu, global_batch, towers,
+                                       warned):
+  hook = scaling.ScalingReportHook(global_batch, towers, on_gpu=on_gpu)
+  with caplog.at_level(logging.INFO, logger="absl"), tf.Graph().as_default():
+    hook.begin()
+  found = [m for m in messages(caplog, logging.WARNING) if "per-tower" in m]
+  assert bool(found) == warned
+  if warned:
+    # 16 per tower x 4 towers = 64; 48 // 16 = 3 towers at this batch.
+    assert "12 examples" in found[0]
+    assert "at least 64" in found[0] and "at most 3" in found[0]
+
+
+def test_input_wait_from_step_stats():
+  stats = tf1.RunMetadata().step_stats
+  device = stats.dev_stats.add(device="/cpu:0")
+  for name, start, duration in (("IteratorGetNext", 1000, 30000),
+                                ("dense/MatMul", 31000, 9000),
+                                ("train_op", 40500, 500)):
+    node = device.node_stats.add(node_name=name)
+    node.all_start_micros, node.all_end_rel_micros = start, duration
+  wait = scaling.input_wait_from_step_stats(stats, frozenset(
+      ["IteratorGetNext"]))
+  # 30 ms of input in a step from t=1 ms to t=41 ms: 40 ms, 75%.
+  assert (wait.op_name, wait.input_ms, wait.step_ms) == (
+      "IteratorGetNext", 30.0, 40.0)
+  assert wait.share == 0.75
+  assert scaling.input_wait_from_step_stats(stats, frozenset()) is None
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"global_batch_size": 0, "num_towers": 1},
+    {"global_batch_size": 8, "num_towers": 2, "every_n_steps": 0},
+    {"global_batch_size": 8, "num_towers": 2, "input_bound_share": 1.5},
+])
+def test_bad_arguments(kwargs):
+  with pytest.raises(ValueError):
+    scaling.ScalingReportHook(**kwargs)
