@@ -32,6 +32,9 @@ flags.DEFINE_float("moving_average_decay", None, "Keep an exponential moving "
                    "average of the weights with this decay, e.g. 0.999.")
 flags.DEFINE_integer("num_gpus", None, "Train on the first N GPUs.")
 flags.DEFINE_list("devices", None, "Tower devices, e.g. /gpu:0,/gpu:2.")
+flags.DEFINE_list("gpus", None, "Pin the process to these GPUs (nvidia-smi "
+                  "ids), e.g. 1,3; they become /gpu:0, /gpu:1. Sets "
+                  "CUDA_VISIBLE_DEVICES before TensorFlow starts.")
 flags.DEFINE_integer("virtual_cpus", None, "Run N towers on N virtual CPU "
                      "devices (default on machines without GPUs: 2).")
 flags.DEFINE_integer("max_steps", 1500, "train.py: train until this global "
@@ -48,8 +51,14 @@ class Towers:
 
 
 def resolve_towers(num_gpus: Optional[int], devices: Optional[list],
-                   virtual_cpus: Optional[int]) -> Towers:
-  """--devices, else --num_gpus, else --virtual_cpus, else GPUs or 2 CPUs."""
+                   virtual_cpus: Optional[int],
+                   gpus: Optional[list] = None) -> Towers:
+  """--devices, else --num_gpus, else --virtual_cpus, else GPUs or 2 CPUs.
+
+  With `gpus` (--gpus=1,3) the process is first pinned to those GPUs.
+  """
+  if gpus is not None:
+    devices_lib.pin_gpus(gpus)
   given = [name for name, value in (("--devices", devices),
                                     ("--num_gpus", num_gpus),
                                     ("--virtual_cpus", virtual_cpus))

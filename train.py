@@ -35,6 +35,7 @@ from estimator_multigpu import classifier
 from estimator_multigpu import cluster
 from estimator_multigpu import data
 from estimator_multigpu import hooks
+from estimator_multigpu import scaling
 
 FLAGS = flags.FLAGS
 
@@ -58,6 +59,8 @@ flags.DEFINE_integer("save_summary_steps", 100, "Summaries every N steps.")
 flags.DEFINE_integer("log_every_n_steps", 100, "Progress line every N steps.")
 flags.DEFINE_float("clip_gradients_by_norm", None, "Clip the combined "
                    "gradient to this global norm.")
+flags.DEFINE_bool("scaling_report", True, "Log the scaling report (input "
+                  "wait, per-tower throughput) and warn when input-bound.")
 flags.DEFINE_integer("min_free_disk_mb", 50, "Refuse to start when the model "
                      "dir's disk has less free space than this.")
 flags.DEFINE_list("ps_hosts", None, "Cluster: ps addresses, host:port,...")
@@ -123,8 +126,9 @@ def classifier_config(num_classes: int,
 def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
                    global_batch_size: int, max_steps: int,
                    log_every_n_steps: int, model_dir: Optional[str],
-                   trainers: int = 1, sync_replicas: bool = False):
-  """The classifier model_fn on the towers, with a progress hook.
+                   trainers: int = 1, sync_replicas: bool = False,
+                   scaling_report: bool = True):
+  """The classifier model_fn on the towers, with progress (and scaling) hooks.
 
   The hook writes throughput summaries to `model_dir` (None: only logs). On
   a cluster of `trainers` workers it reports the whole cluster's examples
@@ -136,10 +140,14 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
                           clip_gradients_by_norm=clip_norm)
   examples_per_step = global_batch_size * (trainers if sync_replicas else 1)
 
+  num_towers = len(towers.devices) * trainers
+
   def progress(spec):
-    return [hooks.ProgressHook(spec.loss, examples_per_step,
-                               len(towers.devices) * trainers, max_steps,
-                               log_every_n_steps, model_dir)]
+    report = [scaling.ScalingReportHook(examples_per_step, num_towers,
+                                        every_n_steps=log_every_n_steps)]
+    return [hooks.ProgressHook(spec.loss, examples_per_step, num_towers,
+                               max_steps, log_every_n_steps, model_dir),
+            *(report if scaling_report else [])]
 
   return hooks.with_training_hooks(wrapped, progress)
 
@@ -216,7 +224,7 @@ def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
                             FLAGS.clip_gradients_by_norm, FLAGS.batch_size,
                             FLAGS.max_steps, FLAGS.log_every_n_steps,
                             summary_dir, len(task.trainers) if task else 1,
-                            FLAGS.sync_replicas)
+                            FLAGS.sync_replicas, FLAGS.scaling_report)
   return build_estimator(model_fn, config, towers, FLAGS.model_dir,
                          FLAGS.save_checkpoints_steps,
                          FLAGS.save_summary_steps, FLAGS.random_seed)
@@ -260,7 +268,7 @@ def run(task: Optional[cluster.Task]) -> int:
     cluster.serve_ps(task, FLAGS.ps_linger_secs)
     return 0
   towers = common_flags.resolve_towers(FLAGS.num_gpus, FLAGS.devices,
-                                       FLAGS.virtual_cpus)
+                                       FLAGS.virtual_cpus, FLAGS.gpus)
   num_classes = common_flags.num_classes(FLAGS.dataset_name,
                                          FLAGS.dataset_dir, FLAGS.num_classes)
   image_size = common_flags.image_size(FLAGS.model_name, FLAGS.dataset_name,
