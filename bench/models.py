@@ -40,7 +40,8 @@ def make_model_fn(spec: ModelSpec, tower_optimizer: bool):
   """
 
   def model_fn(features, labels, mode):
-    assert mode == ModeKeys.TRAIN, "the benchmark only trains"
+    if mode != ModeKeys.TRAIN:
+      raise ValueError(f"The benchmark's model_fn only trains; got {mode}.")
     loss = logits_and_loss(spec, features, labels)
     optimizer = make_optimizer()
     if tower_optimizer:

@@ -5,7 +5,8 @@ The coordinator writes commands on the worker's stdin, one per line:
 `stop`. The worker answers on stdout with lines `BENCH {json}`: `ready` once
 its graph and session exist and one step ran, `window` after each run, `done` at exit. Only
 one worker runs steps at a time, so timed windows of different systems never
-compete for the cores; idle workers block on stdin.
+compete for the cores; idle workers block on stdin. A window reports its
+wall-clock seconds and the CPU seconds of all the worker's threads.
 """
 
 from __future__ import annotations
@@ -57,12 +58,13 @@ class Pacer:
   def __init__(self, started: float):
     self._started = started
     self._remaining = 1
-    self._window_start = 0.0
+    self._window_start = self._cpu_start = 0.0
     self._is_ready = False
 
   def _next(self) -> bool:
     self._remaining = next_command()
     self._window_start = time.perf_counter()
+    self._cpu_start = time.process_time()
     return self._remaining > 0
 
   def step_done(self) -> bool:
@@ -71,7 +73,8 @@ class Pacer:
     if self._remaining > 0:
       return True
     if self._is_ready:
-      send("window", seconds=time.perf_counter() - self._window_start)
+      send("window", seconds=time.perf_counter() - self._window_start,
+           cpu_seconds=time.process_time() - self._cpu_start)
     else:
       self._is_ready = True
       send("ready", setup_seconds=time.perf_counter() - self._started,

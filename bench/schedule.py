@@ -46,6 +46,7 @@ class Timing:
   job: Job
   setup_seconds: float = 0.0
   window_seconds: list = dataclasses.field(default_factory=list)
+  window_cpu_seconds: list = dataclasses.field(default_factory=list)
   steps_per_window: int = 0
   max_rss_mb: float = 0.0
 
@@ -74,10 +75,11 @@ class Worker:
     raise RuntimeError(f"{self.job.label} on {self.job.model} did not send "
                        f"{event!r}; see its log {self._log_path}")
 
-  def run(self, steps: int) -> float:
-    """Runs `steps` steps now; returns their wall-clock seconds."""
+  def run(self, steps: int) -> tuple:
+    """Runs `steps` steps now; returns their wall-clock and CPU seconds."""
     self._process.stdin.write(f"run {steps}\n")
-    return self.expect("window")["seconds"]
+    window = self.expect("window")
+    return window["seconds"], window["cpu_seconds"]
 
   def stop(self) -> None:
     """Asks the worker to finish; `finish` collects its last message."""
@@ -97,7 +99,7 @@ class Worker:
 
 def steps_per_window(first: Worker, window_seconds: float) -> int:
   """Steps that take about `window_seconds` on the first system."""
-  step = first.run(3) / 3
+  step = first.run(3)[0] / 3
   return max(2, round(window_seconds / step))
 
 
@@ -134,7 +136,9 @@ def _run_windows(workers: list, timings: list, rounds: int,
   for worker in workers:
     worker.run(max(3, steps // 2))  # warm-up, discarded.
   for index in _interleaved(len(workers), rounds):
-    timings[index].window_seconds.append(workers[index].run(steps))
+    wall, cpu = workers[index].run(steps)
+    timings[index].window_seconds.append(wall)
+    timings[index].window_cpu_seconds.append(cpu)
   for worker in workers:  # all shut down at once.
     worker.stop()
   for worker, timing in zip(workers, timings):
