@@ -92,3 +92,13 @@ def num_classes(dataset_name: str, dataset_dir: Optional[str],
   if flag_value:
     return flag_value
   return data.num_classes(dataset_name, dataset_dir)
+
+
+def setup_from_flags() -> tuple:
+  """(towers, num_classes, image_size) from the shared flags."""
+  flag = FLAGS
+  towers = resolve_towers(flag.num_gpus, flag.devices, flag.virtual_cpus,
+                          flag.gpus)
+  classes = num_classes(flag.dataset_name, flag.dataset_dir, flag.num_classes)
+  size = image_size(flag.model_name, flag.dataset_name, flag.image_size)
+  return towers, classes, size

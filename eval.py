@@ -101,12 +101,7 @@ def checkpoints(model_dir: str, once: bool, timeout_secs: int):
 
 def main(argv):
   del argv
-  towers = common_flags.resolve_towers(FLAGS.num_gpus, FLAGS.devices,
-                                       FLAGS.virtual_cpus, FLAGS.gpus)
-  num_classes = common_flags.num_classes(FLAGS.dataset_name,
-                                         FLAGS.dataset_dir, FLAGS.num_classes)
-  image_size = common_flags.image_size(FLAGS.model_name, FLAGS.dataset_name,
-                                       FLAGS.image_size)
+  towers, num_classes, image_size = common_flags.setup_from_flags()
   config = classifier.ClassifierConfig(model_name=FLAGS.model_name,
                                        num_classes=num_classes)
   input_fn = data.make_input_fn(

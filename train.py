@@ -267,12 +267,7 @@ def run(task: Optional[cluster.Task]) -> int:
   if task is not None and task.type == cluster.PS:
     cluster.serve_ps(task, FLAGS.ps_linger_secs)
     return 0
-  towers = common_flags.resolve_towers(FLAGS.num_gpus, FLAGS.devices,
-                                       FLAGS.virtual_cpus, FLAGS.gpus)
-  num_classes = common_flags.num_classes(FLAGS.dataset_name,
-                                         FLAGS.dataset_dir, FLAGS.num_classes)
-  image_size = common_flags.image_size(FLAGS.model_name, FLAGS.dataset_name,
-                                       FLAGS.image_size)
+  towers, num_classes, image_size = common_flags.setup_from_flags()
   config = classifier_config(num_classes, replicas_to_aggregate(task))
   towers = prepare_task(task, towers)
   estimator = make_estimator(task, towers, config)
