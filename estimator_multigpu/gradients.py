@@ -1,7 +1,8 @@
 """Gradients: `TowerOptimizer` records each tower's, the plan combines them.
 
 Inside a tower, `TowerOptimizer.compute_gradients` scales the tower's
-gradients by its share of the global batch, and `apply_gradients` only records
+gradients by its share of the global batch (through the scalar loss when the
+share is known at graph build), and `apply_gradients` only records
 them. Once every tower is built, `apply_tower_gradients` sums the recorded
 gradients per variable on the aggregation device (`IndexedSlices` stay sparse,
 `None` is skipped), optionally clips them by global norm, and applies them once
@@ -75,12 +76,16 @@ class TowerOptimizer(tf1.train.Optimizer):
     if tower is None:
       return self._optimizer.compute_gradients(loss, var_list, **kwargs)
     kwargs["colocate_gradients_with_ops"] = True
+    weight = tower.gradient_weight
     with tf.control_dependencies(None) if tower.index else (
         contextlib.nullcontext()):
+      if _is_static_positive(weight):
+        # One multiply on the scalar loss instead of one per gradient.
+        scaled = loss if weight == 1.0 else loss * tf.cast(weight, loss.dtype)
+        return self._optimizer.compute_gradients(scaled, var_list, **kwargs)
       grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
                                                          **kwargs)
-      return [(_scale(g, tower.gradient_weight), v)
-              for g, v in grads_and_vars]
+      return [(_scale(g, weight), v) for g, v in grads_and_vars]
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Records the tower's gradients; outside a tower, applies them."""
@@ -111,6 +116,15 @@ class TowerOptimizer(tf1.train.Optimizer):
 
   def variables(self):
     return self._optimizer.variables()
+
+
+def _is_static_positive(weight) -> bool:
+  """Whether `weight` is known at graph build and > 0 (loss can be scaled).
+
+  A zero or run-time weight scales each gradient with `multiply_no_nan`
+  instead: an empty shard's loss is NaN, and NaN * 0 is NaN.
+  """
+  return isinstance(weight, (int, float)) and weight > 0
 
 
 def _scale(grad, weight):

@@ -1,7 +1,8 @@
-"""Small, documented fixes that let tf-slim 1.1.0 run on TensorFlow 2.15.
+"""Small, documented fixes for tf-slim 1.1.0 on TensorFlow 2.15.
 
-Both are idempotent and applied when `estimator_multigpu` is imported
-(`apply_all`); TensorFlow's own modules are left as they are.
+All are idempotent and applied when `estimator_multigpu` is imported
+(`apply_all`). They replace module references *inside* tf-slim only;
+TensorFlow's own modules are left as they are.
 
 1. ``tf_slim.optimize_loss`` tests ``isinstance(g, ops.IndexedSlices)`` with
    ``tensorflow.python.framework.ops``, which no longer defines
@@ -9,45 +10,36 @@ Both are idempotent and applied when `estimator_multigpu` is imported
    :func:`patch_optimize_loss` gives tf-slim's optimizers module an ``ops``
    stand-in that has it.
 
-2. ``slim.batch_norm``, why:
-  ``slim.batch_norm`` (tf-slim 1.1.0) builds its default path (updates in
-  ``UPDATE_OPS``, no zero-debiasing) on
-  ``tensorflow.python.layers.normalization.BatchNormalization``. In TF 2.15
-  that module is only a lazy alias for
-  ``tf_keras.legacy_tf_layers.normalization``, and the alias is broken:
+2. ``slim.batch_norm`` builds its default path (updates in ``UPDATE_OPS``, no
+   zero-debiasing) on ``tensorflow.python.layers.normalization``, which in TF
+   2.15 is a broken lazy alias for ``tf_keras.legacy_tf_layers``: without
+   ``tf-keras`` it raises ``No module named 'tf_keras'``, and the tf-keras
+   2.15 wheels ship the module as ``tf_keras/src/legacy_tf_layers``, so every
+   batch-norm net (ResNets, Inceptions) fails while its graph is built.
+   :func:`patch_slim_batch_norm` gives tf-slim a stand-in that resolves to
+   ``tf.compat.v1.layers.BatchNormalization`` (the same legacy layer, same
+   arguments, updates in ``UPDATE_OPS``, variables named
+   ``<scope>/BatchNorm/moving_mean`` etc.). It follows ``TF_USE_LEGACY_KERAS``;
+   if ``tf.compat.v1.layers`` cannot import, the Keras 2.15 v1 module is used.
 
-  * without the ``tf-keras`` package it fails with
-    ``ModuleNotFoundError: No module named 'tf_keras'``;
-  * with ``tf-keras`` 2.15.0 or 2.15.1 installed it still fails, with
-    ``No module named 'tf_keras.legacy_tf_layers'``, because those wheels ship
-    the module as ``tf_keras/src/legacy_tf_layers``.
-
-  Every tf-slim network that uses batch norm (ResNets, Inceptions) therefore
-  raises while its graph is built. The Keras 2.15 class exposed as
-  ``tf.compat.v1.layers.BatchNormalization`` is the same legacy layer, takes
-  the same constructor arguments and, in graph mode, puts its moving-average
-  updates into ``tf.compat.v1.GraphKeys.UPDATE_OPS`` and names its variables
-  ``<scope>/BatchNorm/moving_mean`` etc., exactly as tf-slim expects.
-
-What it does:
-  :func:`patch_slim_batch_norm` replaces the ``normalization_layers`` module
-  reference *inside* ``tf_slim.layers.layers`` with a small stand-in that
-  resolves to the working Keras class on first use. TensorFlow's own module is
-  left untouched, so nothing else in the process is affected.
-
-  The class is looked up in ``tf.compat.v1.layers`` first (this follows
-  ``TF_USE_LEGACY_KERAS``, so with ``tf-keras`` installed and the variable set
-  it is the tf-keras class). If that fails -- ``TF_USE_LEGACY_KERAS=1`` without
-  ``tf-keras`` installed makes it raise ``ImportError`` on first use -- the
-  Keras 2.15 package's v1 API module is used directly.
+3. Speed: the legacy layers' ``add_weight`` compares each new weight with
+   every global variable, and each comparison asks
+   ``executing_eagerly_outside_functions()`` before falling back to identity,
+   so building a net costs O(variables²) of those calls (a third of
+   ResNet-50's 8-tower build). The classes tf-slim gets for batch norm, conv
+   and dense layers are thin subclasses whose ``add_weight`` runs with
+   identity equality (:func:`_identity_equality`); in graph mode that is what
+   the comparisons mean anyway, so behaviour and names are unchanged.
 """
 
+import contextlib
 import functools
 import importlib
 from typing import Any, Callable
 
 import tensorflow as tf
 from absl import logging
+from tensorflow.python.framework import tensor as _tensor_lib
 from tf_slim.layers import layers as _slim_layers
 from tf_slim.layers import optimizers as _slim_optimizers
 
@@ -81,6 +73,65 @@ def _legacy_layer(name: str) -> Any:
   return getattr(importlib.import_module(_KERAS_V1_LAYERS), name)
 
 
+@contextlib.contextmanager
+def _identity_equality():
+  """Makes `==` and `hash` of tensors and variables plain identity for a while.
+
+  In a graph built outside `tf.function` they already mean identity, but
+  every comparison first asks `executing_eagerly_outside_functions()`. The
+  legacy layers' `add_weight` compares each new weight with every global
+  variable, so building a net costs O(variables²) of those calls (about a
+  quarter of ResNet-50's 8-tower build). Outside graph mode nothing changes.
+  """
+  tensor_class = _tensor_lib.Tensor
+  if (not getattr(tensor_class, "_USE_EQUALITY", False)
+      or tf1.executing_eagerly_outside_functions()):
+    yield
+    return
+  tensor_class._USE_EQUALITY = False  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    tensor_class._USE_EQUALITY = True  # pylint: disable=protected-access
+
+
+@functools.lru_cache(maxsize=None)
+def _with_identity_equality(layer_class: type) -> type:
+  """`layer_class`, with `add_weight` run under :func:`_identity_equality`.
+
+  Args:
+    layer_class: a legacy (v1) Keras layer class.
+
+  Returns:
+    A subclass of the same name; behaviour and variable names are unchanged.
+  """
+  def add_weight(self, *args, **kwargs):
+    with _identity_equality():
+      return super(subclass, self).add_weight(*args, **kwargs)
+
+  subclass = type(layer_class.__name__, (layer_class,),
+                  {"add_weight": add_weight, "__doc__": layer_class.__doc__,
+                   "__module__": __name__})
+  return subclass
+
+
+class _IdentityEqualityLayers:
+  """Stand-in for a ``tensorflow.python.layers`` module inside tf-slim.
+
+  Layer classes come back wrapped by :func:`_with_identity_equality`; every
+  other attribute is the module's own.
+  """
+
+  def __init__(self, module):
+    self.module = module
+
+  def __getattr__(self, name):
+    value = getattr(self.module, name)
+    if isinstance(value, type) and hasattr(value, "add_weight"):
+      return _with_identity_equality(value)
+    return value
+
+
 class _KerasNormalizationLayers:
   """Stand-in for ``tensorflow.python.layers.normalization`` inside tf-slim.
 
@@ -90,7 +141,7 @@ class _KerasNormalizationLayers:
   @property
   def BatchNormalization(self) -> type:  # pylint: disable=invalid-name
     """The legacy graph-mode batch-normalization layer class."""
-    return _legacy_layer("BatchNormalization")
+    return _with_identity_equality(_legacy_layer("BatchNormalization"))
 
   @property
   def batch_normalization(self) -> Callable[..., Any]:
@@ -156,7 +207,22 @@ def patch_optimize_loss() -> bool:
   return True
 
 
+def patch_slim_layer_weights() -> bool:
+  """Builds tf-slim's conv and dense layers' weights with identity equality.
+
+  Returns:
+    True if this call installed the patch, False if it was already installed.
+  """
+  if isinstance(_slim_layers.convolutional_layers, _IdentityEqualityLayers):
+    return False
+  for name in ("convolutional_layers", "core_layers"):
+    setattr(_slim_layers, name,
+            _IdentityEqualityLayers(getattr(_slim_layers, name)))
+  return True
+
+
 def apply_all() -> None:
   """Applies every fix of this module (idempotent)."""
   patch_optimize_loss()
   patch_slim_batch_norm()
+  patch_slim_layer_weights()

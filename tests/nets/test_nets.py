@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_slim as slim
+from tensorflow.python.framework import tensor as tensor_lib
 from tf_slim.layers import layers as slim_layers
 
 import estimator_multigpu.nets as nets
@@ -159,8 +160,55 @@ def test_patch_is_applied_on_import_and_idempotent():
 
 
 def test_shim_uses_keras_v1_batch_normalization():
-  layers_module = slim_layers.normalization_layers
-  assert layers_module.BatchNormalization is tf1.layers.BatchNormalization
+  layer_class = slim_layers.normalization_layers.BatchNormalization
+  assert issubclass(layer_class, tf1.layers.BatchNormalization)
+  assert layer_class.__name__ == "BatchNormalization"
+
+
+def test_shim_add_weight_compares_by_identity_then_restores_equality(
+    monkeypatch):
+  seen = []
+  base = tf1.layers.BatchNormalization
+  real_add_weight = base.add_weight
+
+  def spy(self, *args, **kwargs):
+    seen.append(tensor_lib.Tensor._USE_EQUALITY)
+    return real_add_weight(self, *args, **kwargs)
+
+  monkeypatch.setattr(base, "add_weight", spy)
+  assert tensor_lib.Tensor._USE_EQUALITY
+  with tf.Graph().as_default():
+    slim.batch_norm(_images(4), is_training=True, scale=True)
+  # beta, gamma, moving_mean, moving_variance, each built with `==` = `is`.
+  assert seen == [False] * 4
+  assert tensor_lib.Tensor._USE_EQUALITY
+
+
+def test_slim_conv_and_dense_weights_built_with_identity_equality(
+    monkeypatch):
+  seen = []
+  for layer_class in (slim_layers.convolutional_layers.module.Convolution2D,
+                      slim_layers.core_layers.module.Dense):
+    real = layer_class.add_weight
+
+    def spy(self, *args, real=real, **kwargs):
+      seen.append(tensor_lib.Tensor._USE_EQUALITY)
+      return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(layer_class, "add_weight", spy)
+  with tf.Graph().as_default():
+    net = slim.conv2d(_images(2), 3, [3, 3], scope="conv")
+    slim.fully_connected(slim.flatten(net), 2, scope="fc")
+    names = sorted(v.op.name for v in tf1.global_variables())
+  assert names == ["conv/biases", "conv/weights", "fc/biases", "fc/weights"]
+  assert seen == [False] * 4  # kernel and bias of each layer.
+  assert tensor_lib.Tensor._USE_EQUALITY
+  assert slim_compat.patch_slim_layer_weights() is False  # idempotent.
+
+
+def test_identity_equality_leaves_eager_mode_alone():
+  with slim_compat._identity_equality():
+    assert tensor_lib.Tensor._USE_EQUALITY  # eager here: nothing to change.
 
 
 def test_shim_falls_back_when_tf1_layers_cannot_import(monkeypatch):
@@ -172,14 +220,17 @@ def test_shim_falls_back_when_tf1_layers_cannot_import(monkeypatch):
       raise ImportError("Keras cannot be imported. Check that it is installed.")
 
   slim_compat._legacy_layer.cache_clear()
+  slim_compat._with_identity_equality.cache_clear()
   monkeypatch.setattr(slim_compat, "tf1",
                       types.SimpleNamespace(layers=_UnloadableLayers()))
   try:
     layer_class = slim_layers.normalization_layers.BatchNormalization
   finally:
     slim_compat._legacy_layer.cache_clear()
-  assert layer_class.__name__ == "BatchNormalization"
-  assert layer_class.__module__.startswith("keras.")
+    slim_compat._with_identity_equality.cache_clear()
+  base = layer_class.__mro__[1]
+  assert base.__name__ == "BatchNormalization"
+  assert base.__module__.startswith("keras.")
 
 
 @pytest.mark.parametrize("is_training, num_updates", [(True, 2), (False, 0)])
