@@ -30,6 +30,8 @@ class Row:
   max_rss_mb: float
   rates: tuple = ()  # every window's examples/sec, in time order.
   cpu_median: float = 0.0  # examples per CPU-second (all threads).
+  num_ops: int = 0  # ops in the training graph.
+  graph_digest: str = ""
 
 
 def to_row(timing: schedule.Timing, global_batch_size: int) -> Row:
@@ -41,7 +43,17 @@ def to_row(timing: schedule.Timing, global_batch_size: int) -> Row:
   return Row(job.model, job.label, job.system, job.towers,
              statistics.median(rates), min(rates), max(rates), len(rates),
              timing.setup_seconds, timing.max_rss_mb, tuple(rates),
-             statistics.median(per_cpu))
+             statistics.median(per_cpu), timing.num_ops, timing.graph_digest)
+
+
+def replica_spreads(timings: list) -> list:
+  """Per job run in several processes: max / min of their medians, - 1."""
+  medians = {}
+  for timing in timings:
+    job = dataclasses.replace(timing.job, replica=0)
+    medians.setdefault(job, []).append(
+        statistics.median(timing.window_seconds))
+  return [max(m) / min(m) - 1 for m in medians.values() if len(m) > 1]
 
 
 def find(rows: list, model: str, system: str, towers: int) -> Optional[Row]:
@@ -95,12 +107,29 @@ def graph_table(model: str, results: dict, towers: list) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Check:
+  """One target: met or missed, with the measured value."""
   name: str
   passed: bool
   detail: str
+  shortfall: float = 0.0  # for a throughput ratio: how far below target.
 
-  def line(self) -> str:
-    return f"{'PASS' if self.passed else 'MISS'} {self.name}: {self.detail}"
+  def line(self, resolution: Optional[float] = None) -> str:
+    """`PASS|MISS name: detail`; a miss smaller than the run's measured
+    resolution (spread of identical processes) says so."""
+    note = ""
+    if not self.passed and resolution and 0 < self.shortfall <= resolution:
+      note = (f" (short by {100 * self.shortfall:.1f}%, within the "
+              f"{100 * resolution:.1f}% resolution)")
+    return (f"{'PASS' if self.passed else 'MISS'} {self.name}: "
+            f"{self.detail}{note}")
+
+
+def ratio_check(name: str, value: float, target: float, detail: str = "",
+                strict: bool = False) -> Check:
+  """`value >= target` (or `>` when `strict`), with the shortfall kept."""
+  passed = value > target if strict else value >= target
+  return Check(name, passed, f"{value:.3f}x{detail}",
+               max(0.0, 1 - value / target))
 
 
 def throughput_checks(rows: list, model: str, towers: list) -> list:
@@ -111,16 +140,48 @@ def throughput_checks(rows: list, model: str, towers: list) -> list:
     row = find(rows, model, "multi_gpu", k)
     if row and single and k in towers:
       value = ratio(row, single)
-      checks.append(Check(f"{model} multi_gpu x{k} >= {target}x single",
-                          value >= target, f"{value:.3f}x"))
+      checks.append(ratio_check(f"{model} multi_gpu x{k} >= {target}x single",
+                                value, target))
   for k in towers:
     row, mirrored = (find(rows, model, "multi_gpu", k),
                      find(rows, model, "mirrored", k))
     if row and mirrored:
       value = ratio(row, mirrored)
-      checks.append(Check(f"{model} multi_gpu x{k} faster than mirrored x{k}",
-                          value > 1.0, f"{value:.3f}x"))
+      checks.append(ratio_check(
+          f"{model} multi_gpu x{k} faster than mirrored x{k}", value, 1.0,
+          strict=True))
+  return checks + split_checks(rows, model, towers)
+
+
+def split_checks(rows: list, model: str, towers: list) -> list:
+  """Our own target: `multi_gpu` xk within 3% of the bare k-way split.
+
+  `split xk` (k shards, gradients summed, all on one device) is what the
+  split itself costs; what `multi_gpu` adds on top is the wrapper's overhead.
+  """
+  single, checks = find(rows, model, "single", 1), []
+  for k in towers:
+    row, split = (find(rows, model, "multi_gpu", k),
+                  find(rows, model, "split", k))
+    if row and split and single:
+      value = ratio(row, split)
+      checks.append(ratio_check(
+          f"{model} multi_gpu x{k} >= {ONE_TOWER_MIN}x split x{k} (1 device)",
+          value, ONE_TOWER_MIN, f"; the split alone is "
+          f"{ratio(split, single):.3f}x single"))
   return checks
+
+
+def same_graph_check(rows: list, model: str) -> list:
+  """`multi_gpu` x1 must build the unwrapped model_fn's graph, op for op."""
+  single, row = (find(rows, model, "single", 1),
+                 find(rows, model, "multi_gpu", 1))
+  if not (single and row and single.graph_digest):
+    return []
+  same = row.graph_digest == single.graph_digest
+  return [Check(f"{model} multi_gpu x1 builds the unwrapped graph op for op",
+                same, f"{row.num_ops} ops vs {single.num_ops}" +
+                ("" if same else ", different names, types or inputs"))]
 
 
 def linear_check(model: str, name: str, result: Optional[dict]) -> list:

@@ -8,6 +8,7 @@ compare ratios within one run, not absolute numbers across runs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import shutil
@@ -30,7 +31,11 @@ flags.DEFINE_list("models", None, "Models (default: mlp,lenet,resnet_v1_50; "
 flags.DEFINE_list("towers", ["1", "2", "4"], "Tower counts for multi_gpu and "
                   "MirroredStrategy.")
 flags.DEFINE_list("tutorial_towers", None, "Tower counts of the hand-written "
-                  "loop (default: --towers; quick: 2).")
+                  "loop, on N devices (tutorial) and on one (split) "
+                  "(default: --towers without 1; quick: 2).")
+flags.DEFINE_integer("replicas", None, "Identical processes per system, "
+                     "windows pooled: separate processes of one system "
+                     "differ by a few percent here (default 2; quick 1).")
 flags.DEFINE_integer("rounds", None, "Timed windows per system (default 7; "
                      "quick 5).")
 flags.DEFINE_float("window_seconds", None, "Target length of one window "
@@ -59,8 +64,9 @@ def settings() -> dict:
       "models": pick(FLAGS.models, ["mlp", "lenet", "resnet_v1_50"],
                      ["mlp", "lenet"]),
       "towers": towers,
-      "tutorial_towers": [int(k) for k in pick(FLAGS.tutorial_towers,
-                                               towers, [2])],
+      "tutorial_towers": [int(k) for k in pick(
+          FLAGS.tutorial_towers, [k for k in towers if k > 1], [2])],
+      "replicas": pick(FLAGS.replicas, 2, 1),
       "rounds": pick(FLAGS.rounds, 7, 5),
       "window_seconds": pick(FLAGS.window_seconds, 1.5, 0.5),
       "graph_model": pick(FLAGS.graph_model, "resnet_v1_50", "lenet"),
@@ -80,27 +86,35 @@ def jobs_for(model: str, config: dict) -> list:
   """The single-device baseline first, then every system and tower count."""
   make = lambda system, k, threads=(0, 0): schedule.Job(
       system, k, model, config["kind"], *threads)
-  return ([make("single", 1)] +
+  jobs = ([make("single", 1)] +
           [make("multi_gpu", k) for k in config["towers"]] +
           [make("multi_gpu", k, v) for v in config["thread_variants"]
            for k in config["towers"]] +
           [make("mirrored", k) for k in config["towers"]] +
-          [make("tutorial", k) for k in config["tutorial_towers"]])
+          [make(system, k) for system in ("tutorial", "split")
+           for k in config["tutorial_towers"]])
+  # The baseline runs at least twice: its replicas measure the resolution,
+  # and every ratio's denominator is pooled over them.
+  return [dataclasses.replace(job, replica=r) for job in jobs
+          for r in range(max(config["replicas"], 2 if job is jobs[0] else 1))]
 
 
 def main(argv):
   del argv
   start, config = time.perf_counter(), settings()
   log_dir = tempfile.mkdtemp(prefix="bench_logs_")
-  rows, checks, failures = [], [], []
+  rows, checks, failures, spreads = [], [], [], []
   for model in config["models"]:
     timings, failed = schedule.measure_model(
         jobs_for(model, config), config["rounds"], config["window_seconds"],
         log_dir)
     failures += failed
+    spreads += report.replica_spreads(timings)
+    timings = schedule.pool_replicas(timings)
     batch = specs.get_model(model, config["kind"] == "gpu").global_batch_size
     rows += [report.to_row(t, batch) for t in timings]
     checks += report.throughput_checks(rows, model, config["towers"])
+    checks += report.same_graph_check(rows, model)
   graph = {}
   if config["graph_model"]:
     graph = schedule.measure_graph_build(
@@ -110,6 +124,7 @@ def main(argv):
       checks += report.linear_check(config["graph_model"], name, result)
   config["total_seconds"] = time.perf_counter() - start
   config["failures"] = failures
+  config["replica_spread"] = max(spreads, default=None)
   print_report(config, rows, graph, checks, log_dir)
   report.to_json(FLAGS.output, config, rows, graph, checks)
 
@@ -128,8 +143,14 @@ def print_report(config: dict, rows: list, graph: dict, checks: list,
     print(f"\nNOTE: load average {config['load_average_before']:.1f} on "
           f"{config['cpu_count']} cores before the run: other processes "
           "were busy, so windows vary more; ratios are still side by side.")
+  if config["replica_spread"] is not None:
+    print(f"\nResolution: identical processes of one system differed by up "
+          f"to {100 * config['replica_spread']:.1f}% in median step time "
+          f"(the baseline runs in {max(config['replicas'], 2)} processes, "
+          f"other systems in {config['replicas']}); differences smaller than "
+          "that are noise.")
   print("\n## Targets\n")
-  print("\n".join([check.line() for check in checks] +
+  print("\n".join([check.line(config["replica_spread"]) for check in checks] +
                   [f"FAILED {failure}" for failure in config["failures"]]))
   print(f"\n(total {config['total_seconds']:.0f} s; subprocess logs in "
         f"{log_dir}; JSON in {FLAGS.output})")

@@ -30,6 +30,7 @@ class Job:
   kind: str = "cpu"
   intra_op: int = 0  # session thread pools; 0 = TensorFlow's default.
   inter_op: int = 0
+  replica: int = 0  # which of the job's identical processes this is.
 
   @property
   def label(self) -> str:
@@ -49,6 +50,23 @@ class Timing:
   window_cpu_seconds: list = dataclasses.field(default_factory=list)
   steps_per_window: int = 0
   max_rss_mb: float = 0.0
+  graph_digest: str = ""  # the training graph's ops, names and devices.
+  num_ops: int = 0
+
+
+def pool_replicas(timings: list) -> list:
+  """One `Timing` per job, with the windows of all its replicas together."""
+  pooled = {}
+  for timing in timings:
+    job = dataclasses.replace(timing.job, replica=0)
+    if job not in pooled:
+      pooled[job] = dataclasses.replace(timing, job=job, window_seconds=[],
+                                        window_cpu_seconds=[])
+    into = pooled[job]
+    into.window_seconds += timing.window_seconds
+    into.window_cpu_seconds += timing.window_cpu_seconds
+    into.max_rss_mb = max(into.max_rss_mb, timing.max_rss_mb)
+  return list(pooled.values())
 
 
 class Worker:
@@ -56,8 +74,8 @@ class Worker:
 
   def __init__(self, job: Job, log_dir: str):
     self.job = job
-    self._log_path = os.path.join(
-        log_dir, f"{job.model}-{job.label.replace(' ', '')}.log".replace("=", ""))
+    name = f"{job.model}-{job.label}-{job.replica}".replace(" ", "")
+    self._log_path = os.path.join(log_dir, name.replace("=", "") + ".log")
     self._log = open(self._log_path, "w")  # pylint: disable=consider-using-with
     self._process = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-m", "bench.worker", json.dumps(
@@ -86,14 +104,15 @@ class Worker:
     self._process.stdin.write("stop\n")
 
   def finish(self) -> dict:
+    """The `done` message; the worker is then killed, not waited for."""
     done = self.expect("done")
-    self._process.wait()
-    self._log.close()
+    self.kill()
     return done
 
   def kill(self) -> None:
     if self._process.poll() is None:
       self._process.kill()
+      self._process.wait()
     self._log.close()
 
 
@@ -115,8 +134,10 @@ def measure_model(jobs: list, rounds: int, window_seconds: float,
   try:
     for worker in list(workers):
       try:
-        timings.append(Timing(worker.job,
-                              worker.expect("ready")["setup_seconds"]))
+        ready = worker.expect("ready")
+        timings.append(Timing(worker.job, ready["setup_seconds"],
+                              graph_digest=ready.get("graph_digest", ""),
+                              num_ops=ready.get("num_ops", 0)))
       except RuntimeError as error:
         if worker is workers[0]:
           raise

@@ -8,6 +8,9 @@
 - `tutorial`: the CIFAR-10 multi-GPU tutorial's hand-written tower loop
   (per-tower loss, `tf.gradients`, average by expand_dims/concat/reduce_mean,
   apply once) in a plain `tf.compat.v1.Session` loop.
+- `split`: the same loop with every tower on the first device: what cutting
+  the batch into N shards and summing N gradients costs by itself, the floor
+  under any data-parallel wrapper when the towers share the same cores.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from bench import protocol
 from bench import specs
 
 tf1 = tf.compat.v1
-SYSTEMS = ("single", "multi_gpu", "mirrored", "tutorial")
+SYSTEMS = ("single", "multi_gpu", "mirrored", "tutorial", "split")
 
 
 def tower_devices(kind: str, num_towers: int) -> list:
@@ -121,9 +124,14 @@ def build_tutorial_graph(spec: specs.ModelSpec, devices: list) -> tf.Operation:
 
 def run_tutorial(spec: specs.ModelSpec, job: dict,
                  pacer: protocol.Pacer) -> None:
+  """The `tutorial` system, or with `job["system"] == "split"` the `split`."""
+  devices = tower_devices(job["kind"], job["towers"])
+  if job["system"] == "split":
+    devices = devices[:1] * job["towers"]
   with tf.Graph().as_default():
-    train_op = build_tutorial_graph(spec, tower_devices(job["kind"],
-                                                        job["towers"]))
+    train_op = build_tutorial_graph(spec, devices)
+    tf1.add_to_collection(tf1.GraphKeys.TRAIN_OP, train_op)
+    pacer.graph = train_op.graph
     with tf1.Session(config=session_config(job)) as session:
       session.run(tf1.global_variables_initializer())
       running = True

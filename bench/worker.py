@@ -35,11 +35,10 @@ def main(argv: list) -> None:
   tf.get_logger().setLevel("ERROR")
   spec = specs.get_model(job["model"], on_gpu=job["kind"] == "gpu")
   pacer = protocol.Pacer(started)
-  if job["system"] == "tutorial":
+  if job["system"] in ("tutorial", "split"):
     systems.run_tutorial(spec, job, pacer)
   else:
     systems.run_estimator(spec, job, pacer)
-  protocol.send("done", max_rss_mb=protocol.max_rss_mb())
 
 
 if __name__ == "__main__":
