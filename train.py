@@ -35,6 +35,7 @@ from estimator_multigpu import classifier
 from estimator_multigpu import cluster
 from estimator_multigpu import data
 from estimator_multigpu import hooks
+from estimator_multigpu import job_control
 from estimator_multigpu import scaling
 
 FLAGS = flags.FLAGS
@@ -244,9 +245,10 @@ def train(estimator: tf.estimator.Estimator, task: Optional[cluster.Task],
     if task is None:
       train_with([])
     else:
-      cluster.run_trainer(task, train_with, sync_replicas=FLAGS.sync_replicas,
-                          base_config=towers.session_config,
-                          ps_wait_secs=FLAGS.ps_wait_secs)
+      job_control.run_trainer(task, train_with,
+                              sync_replicas=FLAGS.sync_replicas,
+                              base_config=towers.session_config,
+                              ps_wait_secs=FLAGS.ps_wait_secs)
   return stop.received
 
 
@@ -265,7 +267,7 @@ def evaluate(estimator: tf.estimator.Estimator, image_size: int,
 def run(task: Optional[cluster.Task]) -> int:
   """Runs this process's part of the job; returns its exit status."""
   if task is not None and task.type == cluster.PS:
-    cluster.serve_ps(task, FLAGS.ps_linger_secs)
+    job_control.serve_ps(task, FLAGS.ps_linger_secs)
     return 0
   towers, num_classes, image_size = common_flags.setup_from_flags()
   config = classifier_config(num_classes, replicas_to_aggregate(task))
