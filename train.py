@@ -76,7 +76,8 @@ flags.DEFINE_bool("sync_replicas", False, "Cluster: average one gradient "
                   "from each worker per step (SyncReplicasOptimizer); "
                   "default asynchronous updates.")
 flags.DEFINE_integer("ps_wait_secs", 120, "Cluster: a worker fails if a ps "
-                     "task does not answer within this time.")
+                     "task does not answer within this time, at the start "
+                     "or while training.")
 flags.DEFINE_integer("ps_linger_secs", 60, "Cluster: a ps exits this long "
                      "after the chief finished even if a worker never "
                      "reported.")

@@ -14,19 +14,23 @@ shared queues on the ps tasks, driven from side sessions with timeouts.
     the release of the workers waiting for a token and of its own
     aggregation thread at the end (MonitoredSession would otherwise wait
     120 s for that thread).
+  - `PsWatchdog`: a trainer whose ps stops answering mid-job exits with a
+    clear error after `ps_wait_secs` instead of waiting forever.
   - `run_trainer`: all of it around one chief's or worker's `train` call.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Any, Callable, Optional
 
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.cluster import CHIEF, PS, Task, start_server
+from estimator_multigpu.cluster import CHIEF, PS, Task, exit_process
+from estimator_multigpu.cluster import start_server
 
 tf1 = tf.compat.v1
 
@@ -235,6 +239,66 @@ def _close_sync_token_queue(graph: tf.Graph) -> tf.Operation:
     return tf.raw_ops.QueueCloseV2(handle=queues[0].outputs[0])
 
 
+def _answers(task: Task, index: int, timeout_secs: float) -> bool:
+  """Whether ps task `index` runs a trivial op within `timeout_secs`."""
+  target, device = _ps(task, index)
+  try:
+    with _control_session(target, device, lambda: tf.constant(0)) as (
+        session, probe):
+      _run(session, probe, timeout_secs)
+    return True
+  except tf.errors.OpError:
+    return False
+
+
+class PsWatchdog:
+  """Ends a trainer whose ps tasks stop answering while it trains.
+
+  When a ps dies mid-job, MonitoredSession recreates its session and waits
+  for the ps with no time limit. This daemon thread probes every ps task each
+  `probe_secs`; once one has not answered for `patience_secs`, it calls
+  `on_lost(index, silent_secs)`, by default: log why, exit with status 1.
+  Use it as a context manager around training.
+  """
+
+  def __init__(self, task: Task, patience_secs: float,
+               probe_secs: float = 2.0,
+               on_lost: Optional[Callable[[int, float], None]] = None):
+    self._task, self._patience, self._probe = task, patience_secs, probe_secs
+    self._on_lost = on_lost or self._exit
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._watch, daemon=True,
+                                    name="ps_watchdog")
+
+  def __enter__(self) -> "PsWatchdog":
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self._stop.set()  # a probe under way finishes on its own (daemon).
+
+  def _watch(self) -> None:
+    last_answer = [time.monotonic()] * len(self._task.ps_hosts)
+    while not self._stop.wait(self._probe):
+      for index, answered_at in enumerate(last_answer):
+        if _answers(self._task, index, self._probe):
+          last_answer[index] = time.monotonic()
+          continue
+        silent = time.monotonic() - answered_at
+        if silent >= self._patience and not self._stop.is_set():
+          self._on_lost(index, silent)
+          return
+
+  def _exit(self, index: int, silent_secs: float) -> None:
+    logging.error(
+        "%s: ps task %d at %s has not answered for %.0f s while training; "
+        "stopping (status 1) instead of waiting for it forever. The ps "
+        "holds the variables: restart it, then this task; the chief "
+        "restores the last checkpoint in model_dir.", self._task.device,
+        index, self._task.ps_hosts[index], silent_secs)
+    exit_process(1)
+
+
 def run_trainer(task: Task, train: Callable[[list], Any], *,
                 sync_replicas: bool,
                 base_config: Optional[tf1.ConfigProto] = None,
@@ -248,7 +312,8 @@ def run_trainer(task: Task, train: Callable[[list], Any], *,
       it is given last, and returns anything.
     sync_replicas: the model_fn uses SyncReplicasOptimizer.
     base_config: the towers' session config (devices the server offers).
-    ps_wait_secs: how long to wait for the ps tasks before failing.
+    ps_wait_secs: how long to wait for the ps tasks before failing, at the
+      start and whenever one stops answering during training.
     chief_wait_secs: how long a worker waits for initialized variables.
 
   Returns:
@@ -260,7 +325,8 @@ def run_trainer(task: Task, train: Callable[[list], Any], *,
     wait_for_chief(task, chief_wait_secs)
   succeeded = False
   try:
-    result = train([ClusterHook(task.is_chief, sync_replicas)])
+    with PsWatchdog(task, ps_wait_secs):
+      result = train([ClusterHook(task.is_chief, sync_replicas)])
     succeeded = True
     return result
   finally:

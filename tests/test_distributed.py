@@ -24,6 +24,7 @@ import tensorflow as tf
 import estimator_multigpu as emg
 from estimator_multigpu import classifier
 from estimator_multigpu import cluster
+from estimator_multigpu import job_control
 from estimator_multigpu import launch
 import linear_cluster
 import train
@@ -374,6 +375,39 @@ def test_unreachable_ps_is_a_clear_error_after_a_bounded_wait(tmp_path):
   assert (f"waited 3 s for ps task 0 at localhost:{ps_port}, which did not "
           "answer") in result.stderr
   assert time.monotonic() - start < 100
+
+
+def test_watchdog_reports_a_ps_that_stops_answering():
+  # Nothing listens on the ps port: it has "not answered" since the start.
+  ps_port, worker_port = launch.free_ports(2)
+  task = cluster.task_from_flags([f"localhost:{ps_port}"],
+                                 [f"localhost:{worker_port}"], "worker", 0)
+  lost, start = [], time.monotonic()
+  with job_control.PsWatchdog(task, patience_secs=1.0, probe_secs=0.2,
+                              on_lost=lambda *args: lost.append(args)):
+    wait_until(lambda: lost, 30, "the watchdog's report")
+  [(index, silent)] = lost
+  assert index == 0 and 1.0 <= silent <= time.monotonic() - start
+
+
+def test_trainer_exits_when_its_ps_dies_mid_job(tmp_path):
+  model_dir = str(tmp_path / "model")
+  tasks = Tasks(tmp_path, launch.free_ports(2), *TRAIN_FLAGS,
+                f"--model_dir={model_dir}", "--max_steps=1000000",
+                "--ps_wait_secs=5")
+  try:
+    ps, chief = tasks.start("ps", 0, "ps"), tasks.start("worker", 0, "chief")
+    wait_until(lambda: last_step_logged(tasks.log("chief")) >= 20, 120,
+               "the chief's 20th step")
+    os.killpg(ps.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    assert chief.wait(timeout=90) == 1, tasks.log("chief")[-3000:]
+  finally:
+    tasks.stop()
+  # 5 s of patience plus probes (2 s) and TensorFlow's own retries.
+  assert time.monotonic() - killed_at < 60
+  assert re.search(r"ps task 0 at localhost:\d+ has not answered for \d+ s "
+                   "while training", tasks.log("chief"))
 
 
 def test_launcher_stops_every_task_when_the_chief_fails(tmp_path):
