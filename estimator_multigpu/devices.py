@@ -24,6 +24,7 @@ from typing import Optional, Sequence, Union
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu import gpu_visibility
 from estimator_multigpu import topology
 # Re-exported: the device listings live in topology.py.
 DeviceRecord = topology.DeviceRecord
@@ -34,7 +35,7 @@ physical_devices = topology.physical_devices
 tf1 = tf.compat.v1
 
 DeviceRequest = Union[None, int, Sequence[str]]
-GpuIds = topology.GpuIds
+GpuIds = gpu_visibility.GpuIds
 
 _DEVICE_RE = re.compile(r"^/?(?:device:)?(cpu|gpu):(\d+)$", re.IGNORECASE)
 
@@ -214,7 +215,7 @@ def pin_gpus(gpu_ids: GpuIds, *, verify: bool = True) -> str:
     gpu_ids: GPU ids, e.g. `[1, 3]`, `"1,3"` or `["1", "3"]` (an absl list
       flag); empty to hide every GPU.
     verify: afterwards list the physical GPUs (which fixes the GPU set for
-      the process, see `topology.gpus_fixed_reason`) and check that
+      the process, see `gpu_visibility.gpus_fixed_reason`) and check that
       TensorFlow sees exactly `len(gpu_ids)` of them.
 
   Returns:
@@ -225,10 +226,10 @@ def pin_gpus(gpu_ids: GpuIds, *, verify: bool = True) -> str:
       was not started with, or (with `verify`) TensorFlow sees another count.
     RuntimeError: too late; this process has already initialised its GPUs.
   """
-  ids = topology.parse_gpu_ids(gpu_ids)
+  ids = gpu_visibility.parse_gpu_ids(gpu_ids)
   started_with = _STARTED_WITH.setdefault(
       "CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-  value = topology.visible_devices_value(ids, started_with)
+  value = gpu_visibility.visible_devices_value(ids, started_with)
   if os.environ.get("CUDA_VISIBLE_DEVICES") == value:
     return value
   _check_not_too_late(ids, value)
@@ -247,7 +248,7 @@ _STARTED_WITH: dict = {}
 
 
 def _check_not_too_late(gpu_ids: list, value: str) -> None:
-  too_late = topology.gpus_fixed_reason()
+  too_late = gpu_visibility.gpus_fixed_reason()
   if too_late:
     raise RuntimeError(
         f"pin_gpus({gpu_ids}) came too late: {too_late}, so "

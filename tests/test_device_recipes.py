@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import devices
+from estimator_multigpu import gpu_visibility
 from estimator_multigpu import topology
 from estimator_multigpu.topology import DeviceRecord
 
@@ -24,23 +25,23 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PIN_BEFORE_INIT = """
 import os
 import estimator_multigpu  # importing must not fix the GPUs.
-from estimator_multigpu import devices, topology
+from estimator_multigpu import devices, gpu_visibility
 import tensorflow as tf
-result = {"reason_at_start": topology.gpus_fixed_reason()}
+result = {"reason_at_start": gpu_visibility.gpus_fixed_reason()}
 result["scheduler"] = devices.pin_gpus([1, 3], verify=False)
 result["order"] = os.environ.get("CUDA_DEVICE_ORDER")
 result["none"] = devices.pin_gpus([])  # verify: lists the physical GPUs.
 result["again"] = devices.pin_gpus("")  # same ids: nothing to change.
 result["env"] = os.environ["CUDA_VISIBLE_DEVICES"]
 result["gpus"] = len(tf.config.list_physical_devices("GPU"))
-result["reason_after"] = topology.gpus_fixed_reason()
+result["reason_after"] = gpu_visibility.gpus_fixed_reason()
 print(json.dumps(result))
 """
 
 # Pin GPU 0 (verified), start the eager runtime, then pin again: too late.
 PIN_TOO_LATE = """
 import os
-from estimator_multigpu import devices, topology
+from estimator_multigpu import devices, gpu_visibility
 import tensorflow as tf
 result = {"cuda": tf.test.is_built_with_cuda()}
 try:
@@ -49,7 +50,7 @@ except ValueError as error:
   result["verify_error"] = str(error)
 result["order"] = os.environ.get("CUDA_DEVICE_ORDER")
 tf.constant(1.0) + 1.0  # an eager op initialises the runtime.
-result["reason"] = topology.gpus_fixed_reason()
+result["reason"] = gpu_visibility.gpus_fixed_reason()
 try:
   devices.pin_gpus([1])
 except RuntimeError as error:
@@ -132,7 +133,7 @@ def test_pinning_after_tensorflow_initialised_is_a_clear_error(runs):
     ([1, 3], [1, 3]), ("1,3", [1, 3]), (["1", "3"], [1, 3]), ((0,), [0]),
     ([], []), ("", [])])
 def test_gpu_ids_spellings(given, ids):
-  assert topology.parse_gpu_ids(given) == ids
+  assert gpu_visibility.parse_gpu_ids(given) == ids
 
 
 @pytest.mark.parametrize("given,error,match", [
@@ -151,13 +152,13 @@ def test_bad_gpu_ids_are_clear_errors(given, error, match):
     ([1, 3], None, "1,3"), ([1, 3], "4,5,6,7", "5,7"), ([], None, "-1"),
     ([0], "GPU-aaaa, GPU-bbbb", "GPU-aaaa"), ([], "2,3", "-1")])
 def test_visible_devices_value(ids, started_with, value):
-  assert topology.visible_devices_value(ids, started_with) == value
+  assert gpu_visibility.visible_devices_value(ids, started_with) == value
 
 
 def test_gpu_ids_outside_the_started_set_are_a_clear_error():
   with pytest.raises(ValueError, match=r"asks for GPU 2, but this process "
                      r"was started with CUDA_VISIBLE_DEVICES='4,5'"):
-    topology.visible_devices_value([0, 2], "4,5")
+    gpu_visibility.visible_devices_value([0, 2], "4,5")
 
 
 def test_session_config_memory_fraction():
