@@ -103,15 +103,15 @@ def graph_fingerprint(graph: Optional[tf.Graph]) -> dict:
   train_ops = graph.get_collection(tf1.GraphKeys.TRAIN_OP) if graph else []
   if not train_ops:
     return {}
-  seen, stack = set(), list(train_ops)
+  seen = {}
+  stack = [op if isinstance(op, tf.Operation) else op.op for op in train_ops]
   while stack:
     op = stack.pop()
-    op = op if isinstance(op, tf.Operation) else op.op
     if op.name not in seen:
-      seen.add(op.name)
+      seen[op.name] = op
       stack += [t.op for t in op.inputs] + list(op.control_inputs)
   ops = sorted((op.name, op.type, tuple(t.name for t in op.inputs))
-               for op in map(graph.get_operation_by_name, seen))
+               for op in seen.values())
   digest = hashlib.sha1(repr(ops).encode()).hexdigest()[:12]
   return {"num_ops": len(ops), "graph_digest": digest}
 

@@ -48,12 +48,12 @@ def to_row(timing: schedule.Timing, global_batch_size: int) -> Row:
 
 def replica_spreads(timings: list) -> list:
   """Per job run in several processes: max / min of their medians, - 1."""
-  medians = {}
-  for timing in timings:
-    job = dataclasses.replace(timing.job, replica=0)
-    medians.setdefault(job, []).append(
-        statistics.median(timing.window_seconds))
-  return [max(m) / min(m) - 1 for m in medians.values() if len(m) > 1]
+  spreads = []
+  for group in schedule.by_job(timings).values():
+    medians = [statistics.median(t.window_seconds) for t in group]
+    if len(medians) > 1:
+      spreads.append(max(medians) / min(medians) - 1)
+  return spreads
 
 
 def find(rows: list, model: str, system: str, towers: int) -> Optional[Row]:

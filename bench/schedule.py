@@ -54,19 +54,23 @@ class Timing:
   num_ops: int = 0
 
 
+def by_job(timings: list) -> dict:
+  """The timings of each job's replicas, keyed by the job (replica 0)."""
+  groups = {}
+  for timing in timings:
+    groups.setdefault(dataclasses.replace(timing.job, replica=0),
+                      []).append(timing)
+  return groups
+
+
 def pool_replicas(timings: list) -> list:
   """One `Timing` per job, with the windows of all its replicas together."""
-  pooled = {}
-  for timing in timings:
-    job = dataclasses.replace(timing.job, replica=0)
-    if job not in pooled:
-      pooled[job] = dataclasses.replace(timing, job=job, window_seconds=[],
-                                        window_cpu_seconds=[])
-    into = pooled[job]
-    into.window_seconds += timing.window_seconds
-    into.window_cpu_seconds += timing.window_cpu_seconds
-    into.max_rss_mb = max(into.max_rss_mb, timing.max_rss_mb)
-  return list(pooled.values())
+  return [dataclasses.replace(
+      group[0], job=job,
+      window_seconds=[s for t in group for s in t.window_seconds],
+      window_cpu_seconds=[s for t in group for s in t.window_cpu_seconds],
+      max_rss_mb=max(t.max_rss_mb for t in group))
+          for job, group in by_job(timings).items()]
 
 
 class Worker:

@@ -77,13 +77,9 @@ def _legacy_layer(name: str) -> Any:
 def _identity_equality():
   """Makes `==` and `hash` of tensors and variables plain identity for a while.
 
-  In a graph built outside `tf.function` they already mean identity, but
-  every comparison first asks `executing_eagerly_outside_functions()`. The
-  legacy layers' `add_weight` compares each new weight with every global
-  variable, so building a net costs O(variables²) of those calls (about a
-  third of ResNet-50's 8-tower build). Outside graph mode nothing changes.
-  The switch is process-wide for the duration of one `add_weight`: another
-  thread comparing eager tensors in that moment would compare by identity.
+  Fix 3 of the module docstring. Outside graph mode nothing changes. The
+  switch is process-wide while it lasts: another thread comparing eager
+  tensors in that moment would compare by identity.
   """
   tensor_class = _tensor_lib.Tensor
   if (not getattr(tensor_class, "_USE_EQUALITY", False)
