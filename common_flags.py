@@ -10,15 +10,16 @@ from absl import flags
 import tensorflow as tf
 
 import estimator_multigpu as emg
-from estimator_multigpu import data
 from estimator_multigpu import devices as devices_lib
-from estimator_multigpu import nets
+
+import datasets
+import nets
 
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string("model_name", "lenet", "Network from nets_factory: "
                     + ", ".join(nets.NETWORK_NAMES))
-flags.DEFINE_enum("dataset_name", "digits", list(data.DATASET_NAMES),
+flags.DEFINE_enum("dataset_name", "digits", list(datasets.DATASET_NAMES),
                   "Input data: the built-in digits, synthetic images, or "
                   "tf-slim-style TFRecords in --dataset_dir.")
 flags.DEFINE_string("dataset_dir", None, "Directory of TFRecord shards.")
@@ -81,7 +82,7 @@ def image_size(model_name: str, dataset_name: str,
   """--image_size, else the dataset's native size, else the net's."""
   if flag_value:
     return flag_value
-  native = data.default_image_size(dataset_name)
+  native = datasets.default_image_size(dataset_name)
   if native and dataset_name == "digits":
     return native
   return nets.get_network_fn(model_name, 2).default_image_size
@@ -91,7 +92,7 @@ def num_classes(dataset_name: str, dataset_dir: Optional[str],
                 flag_value: Optional[int]) -> int:
   if flag_value:
     return flag_value
-  return data.num_classes(dataset_name, dataset_dir)
+  return datasets.num_classes(dataset_name, dataset_dir)
 
 
 def setup_from_flags() -> tuple:

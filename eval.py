@@ -17,10 +17,11 @@ from absl import logging
 import tensorflow as tf
 import tqdm
 
-import common_flags
 import estimator_multigpu as emg
-from estimator_multigpu import classifier
-from estimator_multigpu import data
+
+import classifier
+import common_flags
+import datasets
 
 FLAGS = flags.FLAGS
 tf1 = tf.compat.v1
@@ -60,7 +61,7 @@ def num_eval_batches(dataset_name: str, split: str,
                      batch_size: int) -> Optional[int]:
   if dataset_name != "digits":
     return None
-  return math.ceil(len(data.load_digits_split(split)[1]) / batch_size)
+  return math.ceil(len(datasets.load_digits_split(split)[1]) / batch_size)
 
 
 def build_estimator(towers: common_flags.Towers,
@@ -104,7 +105,7 @@ def main(argv):
   towers, num_classes, image_size = common_flags.setup_from_flags()
   config = classifier.ClassifierConfig(model_name=FLAGS.model_name,
                                        num_classes=num_classes)
-  input_fn = data.make_input_fn(
+  input_fn = datasets.make_input_fn(
       FLAGS.dataset_name, FLAGS.eval_split, FLAGS.batch_size,
       image_size=image_size, data_dir=FLAGS.dataset_dir,
       num_classes=num_classes)

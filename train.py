@@ -29,14 +29,15 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-import common_flags
 import estimator_multigpu as emg
-from estimator_multigpu import classifier
 from estimator_multigpu import cluster
-from estimator_multigpu import data
 from estimator_multigpu import hooks
-from estimator_multigpu import job_control
 from estimator_multigpu import scaling
+from estimator_multigpu.cluster import job_control
+
+import classifier
+import common_flags
+import datasets
 
 FLAGS = flags.FLAGS
 
@@ -169,7 +170,7 @@ def build_estimator(model_fn, config: classifier.ClassifierConfig,
 
 def train_input_fn(image_size: int, num_classes: int, trainer: int = 0):
   """The training input; trainer k of a cluster shuffles with seed + k."""
-  return data.make_input_fn(
+  return datasets.make_input_fn(
       FLAGS.dataset_name, "train", FLAGS.batch_size, image_size=image_size,
       data_dir=FLAGS.dataset_dir, num_classes=num_classes,
       seed=FLAGS.random_seed + trainer)
@@ -256,7 +257,7 @@ def train(estimator: tf.estimator.Estimator, task: Optional[cluster.Task],
 def evaluate(estimator: tf.estimator.Estimator, image_size: int,
              num_classes: int) -> None:
   """The evaluator task: each new checkpoint of the chief, to max_steps."""
-  input_fn = data.make_input_fn(
+  input_fn = datasets.make_input_fn(
       FLAGS.dataset_name, "eval", FLAGS.batch_size, image_size=image_size,
       data_dir=FLAGS.dataset_dir, num_classes=num_classes)
   metrics = cluster.evaluate_checkpoints(estimator, input_fn, FLAGS.max_steps,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 import estimator_multigpu as emg
-from estimator_multigpu import data
-from estimator_multigpu import nets
+
+import datasets
+import nets
 from bench.specs import ModelSpec
 
 tf1 = tf.compat.v1
@@ -55,6 +56,6 @@ def make_model_fn(spec: ModelSpec, tower_optimizer: bool):
 
 def make_input_fn(spec: ModelSpec, batch_size: int):
   """Synthetic images: one cached batch handed out again and again."""
-  return lambda: data.get_dataset(
+  return lambda: datasets.get_dataset(
       "synthetic", "train", batch_size, image_size=spec.image_size,
       channels=spec.channels, num_classes=spec.num_classes)

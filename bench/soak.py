@@ -23,8 +23,9 @@ from absl import flags
 import tensorflow as tf
 
 import estimator_multigpu as emg
-from estimator_multigpu import classifier
-from estimator_multigpu import data
+
+import classifier
+import datasets
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 4000, "Training steps.")
@@ -73,7 +74,7 @@ def run(steps: int, towers: int, window: int, batch_size: int) -> WindowHook:
           session_config=emg.make_session_config(num_cpus=towers),
           save_checkpoints_steps=None, save_checkpoints_secs=None,
           save_summary_steps=None, log_step_count_steps=None))
-  input_fn = data.make_input_fn("synthetic", "train", batch_size,
+  input_fn = datasets.make_input_fn("synthetic", "train", batch_size,
                                 image_size=8, channels=1, num_classes=10)
   estimator.train(input_fn, max_steps=steps, hooks=[hook])
   return hook

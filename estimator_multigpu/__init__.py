@@ -8,13 +8,12 @@
     opt = emg.TowerOptimizer(tf.compat.v1.train.MomentumOptimizer(lr, 0.9))
 
 Public names load on first use (PEP 562), so `python -m
-estimator_multigpu.devices` runs its module cleanly; `slim_compat` fixes are
-applied on import.
+estimator_multigpu.devices` runs its module cleanly. Importing the package
+changes nothing else: tf-slim's fixes for TF 2.15 (`slim_compat`) are applied
+when `multi_gpu` wraps a model_fn, or explicitly with `slim_compat.apply_all()`.
 """
 
 import importlib
-
-from estimator_multigpu import slim_compat
 
 _PUBLIC = {
     "multi_gpu": "replicate",
@@ -26,8 +25,6 @@ _PUBLIC = {
 
 __all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"
-
-slim_compat.apply_all()
 
 
 def __getattr__(name: str):

@@ -76,7 +76,7 @@ class TowerOptimizer(tf1.train.Optimizer):
     if tower is None:
       return self._optimizer.compute_gradients(loss, var_list, **kwargs)
     kwargs["colocate_gradients_with_ops"] = True
-    weight = tower.gradient_weight
+    weight = tower.loss_weight
     with tf.control_dependencies(None) if tower.index else (
         contextlib.nullcontext()):
       if _is_static_positive(weight):

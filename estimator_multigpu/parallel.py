@@ -9,7 +9,6 @@ model, and any graph code that wants data parallelism without a `model_fn`.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -17,15 +16,19 @@ import tensorflow as tf
 from tensorflow.python.util import nest as nest_lib  # pylint: disable=g-direct-tensorflow-import
 
 from estimator_multigpu import devices as devices_lib
+from estimator_multigpu import options as options_lib
+from estimator_multigpu import plan as plan_lib
 from estimator_multigpu import splitting
+from estimator_multigpu import strategies
 from estimator_multigpu import towers as towers_lib
 
 tf1 = tf.compat.v1
 
 
 def make_parallel(fn: Callable[..., Any],
-                  devices: devices_lib.DeviceRequest, /, *,
+                  devices: plan_lib.DevicesOption, /, *,
                   session_config: Optional[tf1.ConfigProto] = None,
+                  aggregation_device: Optional[str] = None,
                   ps_device: Optional[str] = None,
                   **batched_inputs: Any) -> Any:
   """Calls `fn` once per device on its shard; returns the joined outputs.
@@ -67,16 +70,17 @@ def make_parallel(fn: Callable[..., Any],
     fn: called as `fn(**shard_inputs)`; builds graph ops and returns the
       outputs. Give it unbatched arguments with `functools.partial`.
     devices: None (every visible GPU, else one CPU tower), an int n (the
-      first n GPUs) or device strings (`/gpu:0`, `/GPU:0`, `/device:GPU:0`,
-      `/cpu:1`), as for `multi_gpu`.
+      first n GPUs), device strings (`/gpu:0`, `/GPU:0`, `/device:GPU:0`,
+      `/cpu:1`) or device groups, as for `multi_gpu`.
     session_config: the config of the session that will run the graph; the
       devices are checked against it (e.g. `make_session_config(num_cpus=4)`
       provides `/cpu:0`..`/cpu:3`). None: one CPU plus the visible GPUs.
-    ps_device: where variables live and outputs are joined (the aggregation
-      device). None: `/cpu:0` with several devices, else the one device.
+    aggregation_device: where variables live and outputs are joined. None:
+      `/cpu:0` with several devices, else the one device.
+    ps_device: the old name of `aggregation_device` (warns once).
     **batched_inputs: tensors, `SparseTensor`s or nested structures of them,
-      all with the same size along axis 0 (names `session_config` and
-      `ps_device` are taken).
+      all with the same size along axis 0 (names `session_config`,
+      `aggregation_device` and `ps_device` are taken).
 
   Returns:
     `fn`'s output structure with every tensor holding the whole batch.
@@ -86,29 +90,22 @@ def make_parallel(fn: Callable[..., Any],
       inputs that disagree on the batch size, towers that return different
       structures or scalars, or that create different variables.
   """
-  tower_devices, variable_device = _placement(devices, ps_device,
-                                              session_config)
+  plan = plan_lib.make_plan(
+      plan_lib.resolve_groups(devices),
+      _canonical(options_lib.aggregation_device_option(aggregation_device,
+                                                       ps_device)),
+      session_config)
   check_batched_inputs(batched_inputs)
-  if len(tower_devices) == 1:
-    return _call_towers(fn, tower_devices, variable_device,
-                        [batched_inputs])[0]
-  split = splitting.split_batch(batched_inputs, None, len(tower_devices))
-  outputs = _call_towers(fn, tower_devices, variable_device,
-                         [features for features, _ in split.shards])
-  with tf.device(variable_device), tf.name_scope("make_parallel"):
+  if plan.num_towers == 1:
+    return _call_towers(fn, plan, [batched_inputs])[0]
+  split = splitting.split_batch(batched_inputs, None, plan.num_towers)
+  outputs = _call_towers(fn, plan, [features for features, _ in split.shards])
+  with tf.device(plan.aggregation_device), tf.name_scope("make_parallel"):
     return concat_outputs(outputs)
 
 
-def _placement(devices, ps_device, session_config) -> tuple:
-  """Canonical tower devices and the variable device, checked to exist."""
-  tower_devices = devices_lib.resolve_devices(devices)
-  devices_lib.check_devices_exist(tower_devices, session_config)
-  if ps_device is not None:
-    ps_device = devices_lib.canonical_device(ps_device)
-    devices_lib.check_devices_exist([ps_device], session_config)
-  if len(tower_devices) == 1:
-    return tower_devices, ps_device
-  return tower_devices, ps_device or "/device:CPU:0"
+def _canonical(device: Optional[str]) -> Optional[str]:
+  return None if device is None else devices_lib.canonical_device(device)
 
 
 def check_batched_inputs(batched_inputs: dict) -> None:
@@ -147,43 +144,17 @@ def _named_leaves(batched_inputs: dict) -> list:
           if leaf is not None]
 
 
-def _call_towers(fn, tower_devices: list, variable_device: Optional[str],
-                 shards: list) -> list:
+_KERAS_HINT = (" A Keras layer or model made outside `fn` must be built "
+               "before make_parallel (`model.build(input_shape)`).")
+
+
+def _call_towers(fn, plan: plan_lib.Plan, shards: list) -> list:
   """Builds one tower per device with shared variables; returns outputs."""
-  sharing = towers_lib.VariableSharing()
-  before_tower0 = towers_lib.GraphState.capture()
-  outputs, globals_after_tower0 = [], set()
-  for index, device in enumerate(tower_devices):
-    tower = towers_lib.Tower(index, device)
-    with _explained_sharing_errors(tower), \
-        towers_lib.tower_scope(tower, variable_device), \
-        towers_lib.isolated_graph_state(tower, before_tower0), \
-        (sharing.tower0_scope() if index == 0 else sharing.reuse_scope(tower)):
-      outputs.append(_call_in_tower(fn, tower, shards[index]))
-    if index == 0:
-      sharing.finish_tower0()
-      globals_after_tower0 = {v.op.name for v in tf1.global_variables()}
-    else:
-      towers_lib.check_no_new_globals(tower, globals_after_tower0)
-  return outputs
-
-
-@contextlib.contextmanager
-def _explained_sharing_errors(tower: towers_lib.Tower):
-  """Says what to do when towers 1.. do not create tower 0's variables."""
-  try:
-    yield
-  except ValueError as error:
-    message = str(error)
-    if tower.index == 0 or not ("tower 0" in message or
-                                "does not exist" in message):
-      raise
-    raise ValueError(
-        f"`make_parallel` tower {tower.index} ({tower.device}) did not "
-        "create the variables tower 0 created. `fn` must create the same "
-        "variables on every call, unconditionally; a Keras layer or model "
-        "made outside `fn` must be built before make_parallel "
-        f"(`model.build(input_shape)`). Details: {message}") from error
+  towers = towers_lib.build_towers(
+      lambda tower, shard: _call_in_tower(fn, tower, shard), plan, shards,
+      strategies.SharedVariables(plan), api="make_parallel",
+      hint=_KERAS_HINT)
+  return [tower.output for tower in towers]
 
 
 def _call_in_tower(fn, tower: towers_lib.Tower, shard_inputs: dict) -> Any:

@@ -1,5 +1,5 @@
-"""The plan: which device each tower runs on, where variables live and where
-gradients are combined, for one graph.
+"""The plan: which device each tower runs on, where variables live, where
+gradients are combined and which variable strategy does it, for one graph.
 
 `devices` may also be a list of device *groups* for hybrid data and model
 parallelism: `[["/gpu:0", "/gpu:1"], ["/gpu:2", "/gpu:3"]]` makes two towers;
@@ -47,10 +47,18 @@ def resolve_groups(devices: DevicesOption) -> Optional[list]:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """Where towers, variables and gradient aggregation go for one graph."""
+  """Where towers, variables and gradient aggregation go for one graph.
+
+  Attributes:
+    groups: one device group per tower; a tower's ops go to its first device.
+    variable_device: where shared variables live; None = the tower's device.
+    aggregation_device: where the towers' gradients are combined.
+    variable_update: the variable strategy's name (`strategies.STRATEGIES`).
+  """
   groups: list
   variable_device: Optional[str]
   aggregation_device: str
+  variable_update: str = "shared"
 
   @property
   def devices(self) -> list:
@@ -62,24 +70,27 @@ class Plan:
     return len(self.groups)
 
 
-def make_plan(groups: Optional[list], ps_device: Optional[str],
-              session_config) -> Plan:
+def make_plan(groups: Optional[list], aggregation_device: Optional[str],
+              session_config, variable_update: str = "shared") -> Plan:
   """Resolves the devices for this graph and checks that they exist.
 
   Args:
     groups: from `resolve_groups`, or None for the default devices.
-    ps_device: canonical variable/aggregation device, or None for the
-      default: `/cpu:0` with several towers, the tower's device with one.
+    aggregation_device: canonical variable/aggregation device, or None for
+      the default (`devices.aggregation_device_for`).
     session_config: the session's ConfigProto (virtual CPU count), or None.
+    variable_update: the variable strategy's name.
   """
   groups = groups or [[d] for d in devices_lib.resolve_devices(None)]
   wanted = [d for group in groups for d in group]
   devices_lib.check_devices_exist(list(dict.fromkeys(
-      wanted + ([ps_device] if ps_device else []))), session_config)
-  if len(groups) == 1:
-    return Plan(groups, ps_device, ps_device or groups[0][0])
-  variable_device = ps_device or "/device:CPU:0"
-  return Plan(groups, variable_device, variable_device)
+      wanted + ([aggregation_device] if aggregation_device else []))),
+                                  session_config)
+  chosen = aggregation_device or devices_lib.aggregation_device_for(
+      [group[0] for group in groups])
+  # With one tower and no request, variables simply follow the tower.
+  variable_device = aggregation_device if len(groups) == 1 else chosen
+  return Plan(groups, variable_device, chosen, variable_update)
 
 
 def log_plan(plan: Plan, split: splitting.Split, mode: str) -> None:

@@ -2,45 +2,37 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from typing import Any, Callable, Optional
 
 import tensorflow as tf
 from tensorflow.python.util import function_utils  # pylint: disable=g-direct-tensorflow-import
 
-from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import ema as ema_lib
 from estimator_multigpu import gradients as gradients_lib
+from estimator_multigpu import options as options_lib
 from estimator_multigpu import plan as plan_lib
+from estimator_multigpu import slim_compat
 from estimator_multigpu import specs as specs_lib
 from estimator_multigpu import splitting
+from estimator_multigpu import strategies
 from estimator_multigpu import towers as towers_lib
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
 ModelFn = Callable[..., tf.estimator.EstimatorSpec]
-LOSS_REDUCTIONS = ("mean", "sum")
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-  """The decorator's options, checked when the model_fn is wrapped."""
-  groups: Optional[list]  # one device group per tower; None = default.
-  ps_device: Optional[str]
-  loss_reduction: str
-  ema_decay: Optional[float]
-  clip_gradients_by_norm: Optional[float]
-  use_ema_weights: bool
+Options = options_lib.Options
 
 
 def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               devices: plan_lib.DevicesOption = None,
-              ps_device: Optional[str] = None,
+              aggregation_device: Optional[str] = None,
               loss_reduction: str = "mean",
               ema_decay: Optional[float] = None,
               clip_gradients_by_norm: Optional[float] = None,
-              use_ema_weights: bool = True) -> Any:
+              use_ema_weights: bool = True,
+              variable_update: str = "shared",
+              ps_device: Optional[str] = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
   The global batch that `input_fn` yields is cut into one contiguous shard
@@ -109,15 +101,19 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       groups (`[["/gpu:0", "/gpu:1"], ["/gpu:2", "/gpu:3"]]`) gives each
       tower a group: its ops default to the group's first device and the
       model_fn may place layers on the others (`tower_devices()`).
-    ps_device: where shared variables live and gradients are combined (the
-      aggregation device). None: `/cpu:0` with several towers; the tower's
-      own device with one.
+    aggregation_device: where shared variables live and gradients are
+      combined. None: `/cpu:0` with several towers; the tower's own device
+      with one (`devices.aggregation_device_for`).
     loss_reduction: "mean" or "sum", what the model_fn's loss is (rule 2).
     ema_decay: float in (0, 1) to keep an exponential moving average of the
       weights; None for none.
     clip_gradients_by_norm: clip the combined gradients to this global norm.
     use_ema_weights: with `ema_decay`, evaluate, predict and export with the
       averaged weights (True) or the raw ones (False).
+    variable_update: how towers share variables and combine gradients
+      (`strategies`): "shared" (one copy on the aggregation device, like
+      tf_cnn_benchmarks' `parameter_server`).
+    ps_device: the old name of `aggregation_device` (warns once).
 
   Returns:
     The wrapped `model_fn(features, labels, mode, params, config)`.
@@ -127,42 +123,16 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       devices that do not exist and model_fn mistakes raise when the graph
       is built.
   """
-  options = check_options(devices, ps_device, loss_reduction, ema_decay,
-                          clip_gradients_by_norm, use_ema_weights)
+  slim_compat.apply_all()  # tf-slim model_fns work on TF 2.15.
+  options = options_lib.check_options(
+      devices=devices, loss_reduction=loss_reduction, ema_decay=ema_decay,
+      clip_gradients_by_norm=clip_gradients_by_norm,
+      use_ema_weights=use_ema_weights, variable_update=variable_update,
+      aggregation_device=options_lib.aggregation_device_option(
+          aggregation_device, ps_device))
   if model_fn is None:
     return lambda fn: _wrap(fn, options)
   return _wrap(model_fn, options)
-
-
-def check_options(devices, ps_device, loss_reduction, ema_decay,
-                  clip_gradients_by_norm, use_ema_weights) -> Options:
-  """Validates the decorator's options; messages say how to fix them."""
-  if loss_reduction not in LOSS_REDUCTIONS:
-    raise ValueError(
-        f"`loss_reduction` is {loss_reduction!r}; expected one of "
-        f"{', '.join(map(repr, LOSS_REDUCTIONS))}: 'mean' when the model_fn's "
-        "loss is a mean over its examples, 'sum' when it is a sum.")
-  _check_open_interval("ema_decay", ema_decay, 0.0, 1.0, "e.g. 0.999")
-  _check_open_interval("clip_gradients_by_norm", clip_gradients_by_norm,
-                       0.0, float("inf"), "e.g. 5.0")
-  return Options(
-      groups=plan_lib.resolve_groups(devices),
-      ps_device=None if ps_device is None else devices_lib.canonical_device(
-          ps_device),
-      loss_reduction=loss_reduction, ema_decay=ema_decay,
-      clip_gradients_by_norm=clip_gradients_by_norm,
-      use_ema_weights=bool(use_ema_weights))
-
-
-def _check_open_interval(name, value, low, high, example) -> None:
-  if value is None:
-    return
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    raise TypeError(f"`{name}` must be a number or None; got {value!r}.")
-  if not low < value < high:
-    raise ValueError(
-        f"`{name}` is {value}; expected a number in ({low}, {high}), "
-        f"{example}, or None to turn it off.")
 
 
 def _wrap(model_fn: ModelFn, options: Options) -> ModelFn:
@@ -211,13 +181,15 @@ def building_export_graph() -> bool:
   return False
 
 
-def build_spec(model_fn, options, features, labels, mode, params, config):
+def build_spec(model_fn, options: Options, features, labels, mode, params,
+               config):
   """Builds the towers for one graph and merges their specs."""
   if building_export_graph():
     spec = call_model_fn(model_fn, features, labels, mode, params, config)
     return _with_ema(spec, mode, options, None, config)
-  plan = plan_lib.make_plan(options.groups, options.ps_device,
-                           getattr(config, "session_config", None))
+  plan = plan_lib.make_plan(options.groups, options.aggregation_device,
+                            getattr(config, "session_config", None),
+                            options.variable_update)
   if plan.num_towers == 1 and options.clip_gradients_by_norm is None:
     with tf.device(plan.devices[0]):
       spec = call_model_fn(model_fn, features, labels, mode, params, config)
@@ -225,61 +197,29 @@ def build_spec(model_fn, options, features, labels, mode, params, config):
     return _with_ema(spec, mode, options, plan.aggregation_device, config)
   split = splitting.split_batch(features, labels, plan.num_towers)
   plan_lib.log_plan(plan, split, mode)
-  towers = build_towers(model_fn, plan, split, mode, params, config,
-                        options.loss_reduction)
-  train_op = (_train_op(towers, plan, options) if mode == ModeKeys.TRAIN
-              else None)
+  strategy = strategies.make_strategy(plan)
+  towers = towers_lib.build_towers(
+      lambda tower, shard: call_model_fn(model_fn, *shard, mode, params,
+                                         config),
+      plan, split.shards, strategy,
+      loss_weights=[split.loss_weight(i, options.loss_reduction)
+                    for i in range(plan.num_towers)])
+  train_op = (_train_op(towers, strategy, options)
+              if mode == ModeKeys.TRAIN else None)
   spec = specs_lib.merge_specs(towers, mode, train_op)
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
   return _with_ema(spec, mode, options, plan.aggregation_device, config)
 
 
-def build_towers(model_fn, plan: plan_lib.Plan, split: splitting.Split, mode, params,
-                 config, loss_reduction: str) -> list:
-  """Calls the model_fn once per tower; returns the built `Tower`s."""
-  sharing = towers_lib.VariableSharing()
-  before_tower0 = towers_lib.GraphState.capture()
-  towers, globals_after_tower0 = [], set()
-  for index, group in enumerate(plan.groups):
-    tower = towers_lib.Tower(index, group[0],
-                             split.loss_weight(index, loss_reduction),
-                             group=group)
-    features, labels = split.shards[index]
-    with towers_lib.tower_scope(tower, plan.variable_device), \
-        towers_lib.isolated_graph_state(tower, before_tower0), \
-        (sharing.tower0_scope() if index == 0 else sharing.reuse_scope(tower)):
-      tower.spec = _call_in_tower(model_fn, tower, features, labels, mode,
-                                  params, config)
-    if index == 0:
-      sharing.finish_tower0()
-      globals_after_tower0 = {v.op.name for v in tf1.global_variables()}
-    else:
-      towers_lib.check_no_new_globals(tower, globals_after_tower0)
-    towers.append(tower)
-  return towers
-
-
-def _call_in_tower(model_fn, tower, features, labels, mode, params, config):
-  try:
-    return call_model_fn(model_fn, features, labels, mode, params, config)
-  except ValueError as error:
-    if tower.index == 0 or "does not exist" not in str(error):
-      raise
-    raise ValueError(
-        f"Tower {tower.index} asked `get_variable` for a variable that tower "
-        "0 did not create. The model_fn must create the same variables in "
-        f"every tower. TensorFlow said: {error}") from error
-
-
-def _train_op(towers: list, plan: plan_lib.Plan, options: Options) -> tf.Operation:
+def _train_op(towers: list, strategy: strategies.VariableStrategy,
+              options: Options) -> tf.Operation:
   if not towers[0].optimizer_calls:
     raise ValueError(
         "The model_fn's train_op does not come from a `TowerOptimizer`; "
         f"with {len(towers)} towers an unwrapped optimizer would apply "
         f"{len(towers)} separate updates per step (and clipping needs it). "
         "Wrap it: opt = estimator_multigpu.TowerOptimizer(opt).")
-  apply_ops = gradients_lib.apply_tower_gradients(
-      towers, plan.aggregation_device, options.clip_gradients_by_norm)
+  apply_ops = strategy.apply_gradients(towers, options.clip_gradients_by_norm)
   specs_lib.summarize_tower_losses(towers)
   return specs_lib.merged_train_op(towers, apply_ops)
 

@@ -40,7 +40,7 @@ def publish_losses(loss, tower_losses: list) -> None:
 def combine_losses(towers: list) -> tf.Tensor:
   """The weighted sum of the towers' losses."""
   with tf.name_scope("combined_loss"):
-    terms = [_weighted(tower.spec.loss, tower.gradient_weight)
+    terms = [_weighted(tower.spec.loss, tower.loss_weight)
              for tower in towers]
     return terms[0] if len(terms) == 1 else tf.math.add_n(terms)
 

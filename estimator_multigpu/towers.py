@@ -1,10 +1,10 @@
-"""Towers: call the model_fn once per device, with shared variables.
+"""Towers: call a function once per device of the plan, on its shard.
 
-Tower 0 is built exactly like the unwrapped model_fn (no name prefix, no
-reuse), so its variables get the single-device names. Towers 1.. run under the
-name scope `tower_<i>`, reuse every variable tower 0 created (through
-`get_variable` reuse for tf-slim and `tf.compat.v1.layers`, through a variable
-creator for Keras layers, `tf.Variable` and streaming-metric state) and see
+`build_towers` is the one tower loop, used by `multi_gpu` (the function is the
+model_fn) and `make_parallel`. Tower 0 is built exactly like the unwrapped
+function (no name prefix), so its variables get the single-device names.
+Towers 1.. run under the name scope `tower_<i>`, get their variables from the
+plan's variable strategy (`strategies`: tower 0's shared ones today) and see
 graph collections (losses, update ops, summaries) holding only their own
 items, so code such as `tf.compat.v1.losses.get_total_loss()` inside the
 model_fn means the same thing in every tower.
@@ -15,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.python.ops import variable_scope as vs_lib  # pylint: disable=g-direct-tensorflow-import
 
 from estimator_multigpu import devices as devices_lib
+from estimator_multigpu import sharing
 
 tf1 = tf.compat.v1
 
@@ -29,13 +30,6 @@ tf1 = tf.compat.v1
 ISOLATED_COLLECTIONS = (tf1.GraphKeys.LOSSES, tf1.GraphKeys.UPDATE_OPS,
                         tf1.GraphKeys.SUMMARIES,
                         tf1.GraphKeys.REGULARIZATION_LOSSES)
-
-_VARIABLE_OPS = frozenset([
-    "Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable",
-    "MutableHashTable", "MutableHashTableV2", "MutableHashTableOfTensors",
-    "MutableHashTableOfTensorsV2", "MutableDenseHashTable",
-    "MutableDenseHashTableV2"])
-
 
 @dataclasses.dataclass
 class OptimizerCall:
@@ -68,24 +62,32 @@ class Tower:
   Attributes:
     index: the tower's position; tower 0 holds the unprefixed names.
     device: canonical device string, or None for no placement (export).
-    gradient_weight: what each gradient of the tower's loss is scaled by
-      (n_i / n for "mean", 1 for "sum"; 0 for an empty shard).
+    loss_weight: the tower's share of the global batch, which its loss and
+      gradients are scaled by (`splitting.Split.loss_weight`: nᵢ / n for
+      "mean", 1 for "sum", 0 for an empty shard).
+    group: the tower's devices (model parallelism); `device` is the first.
+    num_towers: how many towers the plan has.
     optimizer_calls: `TowerOptimizer` calls recorded, in call order.
     collections: the items the tower added to `ISOLATED_COLLECTIONS`.
-    spec: the EstimatorSpec the model_fn returned.
-    group: the tower's devices (model parallelism); `device` is the first.
+    output: what the tower's function returned (the model_fn's spec).
   """
   index: int
   device: Optional[str]
-  gradient_weight: Any = 1.0
+  loss_weight: Any = 1.0
+  group: list = dataclasses.field(default_factory=list)
+  num_towers: int = 1
   optimizer_calls: list = dataclasses.field(default_factory=list)
   collections: dict = dataclasses.field(default_factory=dict)
-  spec: Any = None
-  group: list = dataclasses.field(default_factory=list)
+  output: Any = None
 
   @property
   def name(self) -> str:
     return f"tower_{self.index}"
+
+  @property
+  def spec(self) -> Any:
+    """The EstimatorSpec a model_fn tower returned (same as `output`)."""
+    return self.output
 
 
 _CURRENT = threading.local()
@@ -104,117 +106,6 @@ def _entered(tower: Tower):
     yield
   finally:
     _CURRENT.tower = previous
-
-
-def device_function(tower_device: str, variable_device: str) -> Callable:
-  """Places variables on `variable_device`, every other op on the tower's.
-
-  Devices already set by an inner `tf.device` win field by field, as with
-  `tf.compat.v1.train.replica_device_setter`.
-  """
-  tower_spec = tf.DeviceSpec.from_string(tower_device)
-  variable_spec = tf.DeviceSpec.from_string(variable_device)
-
-  def choose(op) -> str:
-    op_type = op.type if isinstance(op, tf.Operation) else op.op  # NodeDef.
-    spec = variable_spec if op_type in _VARIABLE_OPS else tower_spec
-    current = tf.DeviceSpec.from_string(op.device or "")
-    return spec.make_merged_spec(current).to_string()
-
-  return choose
-
-
-class VariableSharing:
-  """Hands tower 0's variables back when towers 1.. create them again.
-
-  `get_variable` reuse covers tf-slim and `tf.compat.v1.layers`. Keras layers,
-  `tf.Variable` and metric state go straight to the variable creators, so
-  tower 0 records what it creates that way and towers 1.. get those
-  variables back in creation order (shape and dtype checked).
-  """
-
-  def __init__(self):
-    self._tower0: list = []
-    self._store_before: set = set()
-
-  def tower0_scope(self):
-    """Records the variables tower 0 creates outside `get_variable`."""
-    self._store_before = set(_variable_store_names())
-
-    def record(next_creator, **kwargs):
-      variable = next_creator(**kwargs)
-      self._tower0.append(variable)
-      return variable
-
-    return tf1.variable_creator_scope(record)
-
-  def finish_tower0(self) -> None:
-    """Drops what `get_variable` made: reuse covers those."""
-    store = set(_variable_store_names()) - self._store_before
-    self._tower0 = [v for v in self._tower0 if v.op.name not in store]
-
-  @contextlib.contextmanager
-  def reuse_scope(self, tower: Tower):
-    """Serves tower `tower`'s creations from tower 0's, in order."""
-    served = []
-
-    def reuse(next_creator, **kwargs):
-      del next_creator
-      return self._serve(tower, len(served), kwargs, served)
-
-    with tf1.variable_creator_scope(reuse):
-      yield
-    if len(served) != len(self._tower0):
-      raise ValueError(
-          f"Tower {tower.index} created {len(served)} variables outside "
-          f"`get_variable` but tower 0 created {len(self._tower0)}. The "
-          "model_fn must create the same variables in every tower; create "
-          "every variable unconditionally.")
-
-  def _serve(self, tower: Tower, position: int, kwargs: dict, served: list):
-    name = kwargs.get("name") or "<unnamed>"
-    if position >= len(self._tower0):
-      raise ValueError(
-          f"Tower {tower.index} creates variable `{name}`, which tower 0 did "
-          "not create: a variable must be created in every tower (tower 0 "
-          "builds it, the others reuse it). Create it unconditionally.")
-    variable = self._tower0[position]
-    _check_additive(name, kwargs)
-    shape = kwargs.get("shape")
-    if shape is not None and tf.TensorShape(shape) != variable.shape:
-      raise ValueError(
-          f"Tower {tower.index} creates variable `{name}` with shape "
-          f"{tf.TensorShape(shape)} where tower 0's matching variable "
-          f"`{variable.op.name}` has shape {variable.shape}. The model_fn "
-          "must build the same variables, in the same order, in every tower.")
-    served.append(variable)
-    return variable
-
-
-_METRIC_COLLECTIONS = (tf1.GraphKeys.METRIC_VARIABLES,
-                       tf1.GraphKeys.LOCAL_VARIABLES)
-
-
-def _check_additive(name: str, kwargs: dict) -> None:
-  """Metric state is shared by the towers, which is exact only if additive."""
-  collections = kwargs.get("collections") or ()
-  if not any(key in collections for key in _METRIC_COLLECTIONS):
-    return
-  aggregation = kwargs.get("aggregation")
-  if aggregation != tf.VariableAggregation.SUM:
-    raise ValueError(
-        f"The metric state variable `{name}` declares aggregation "
-        f"{getattr(aggregation, 'name', aggregation)}. `multi_gpu` computes "
-        "a metric over all towers by letting every tower add into one shared "
-        "state, which is exact only for additive state (totals, counts): "
-        "declare it with aggregation=tf.VariableAggregation.SUM if it is "
-        "additive, or compute this metric outside the towers.")
-
-
-def _variable_store_names() -> list:
-  """Names of the variables `get_variable` holds in this graph."""
-  store = vs_lib._get_default_variable_store()  # pylint: disable=protected-access
-  return list(store._vars)  # pylint: disable=protected-access
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,31 +163,72 @@ def isolated_graph_state(tower: Tower, before_tower0: GraphState):
 
 
 @contextlib.contextmanager
-def tower_scope(tower: Tower, variable_device: Optional[str]):
-  """Device, name scope and variable reuse for one tower."""
+def tower_scope(tower: Tower, placement: Any):
+  """Device (a device string or function), name scope and `current_tower`."""
   with contextlib.ExitStack() as stack:
-    if tower.device is not None:
-      placement = (device_function(tower.device, variable_device)
-                   if variable_device else tower.device)
+    if placement is not None:
       stack.enter_context(tf1.device(placement))
     if tower.index > 0:
-      stack.enter_context(tf1.variable_scope(tf1.get_variable_scope(),
-                                             reuse=True))
       stack.enter_context(tf1.name_scope(tower.name))
     stack.enter_context(_entered(tower))
     yield
 
 
-def check_no_new_globals(tower: Tower, before: set) -> None:
-  """Raises if tower 1.. created global variables (it must reuse tower 0's)."""
-  created = [v.op.name for v in tf1.global_variables()
-             if v.op.name not in before]
-  if created:
-    raise ValueError(
-        f"Tower {tower.index} created variables that tower 0 did not: "
-        f"{', '.join(created)}. A variable must be created in every tower "
-        "(tower 0 builds it, the others reuse it); do not create variables "
-        "conditionally or under `reuse=tf.compat.v1.AUTO_REUSE` per tower.")
+TowerCall = Callable[[Tower, Any], Any]
+ScopeFactory = Callable[[Tower], Any]
+
+
+def build_towers(call: TowerCall, plan: Any, shards: Sequence[Any],
+                 strategy: Any, *, loss_weights: Optional[Sequence] = None,
+                 api: str = "multi_gpu", hint: str = "",
+                 tower_scopes: Sequence[ScopeFactory] = ()) -> list[Tower]:
+  """Calls `call(tower, shard)` once per tower of `plan`; returns the towers.
+
+  Args:
+    call: builds one tower's ops from its shard; its result is `Tower.output`.
+    plan: a `plan.Plan` (the towers' device groups).
+    shards: one input per tower, in tower order.
+    strategy: the plan's `strategies.VariableStrategy`: where each tower's
+      ops and variables go and how towers 1.. get their variables.
+    loss_weights: per tower, its share of the global batch (default 1).
+    api: the public name in error messages (`multi_gpu`, `make_parallel`).
+    hint: advice appended to variable-mismatch errors.
+    tower_scopes: factories of context managers entered around each call,
+      innermost (synchronized batch norm plugs in here).
+
+  Raises:
+    sharing.VariableMismatchError: a tower 1.. did not create tower 0's
+      variables (the message names the tower, its device and the variable).
+  """
+  before_tower0 = GraphState.capture()
+  towers = []
+  for index, group in enumerate(plan.groups):
+    tower = Tower(index, group[0],
+                  loss_weights[index] if loss_weights else 1.0,
+                  group=list(group), num_towers=plan.num_towers)
+    with _explained_mismatch(tower, api, hint), \
+        strategy.sharing_scope(tower), \
+        tower_scope(tower, strategy.placement(tower)), \
+        isolated_graph_state(tower, before_tower0), \
+        contextlib.ExitStack() as stack:
+      for make_scope in tower_scopes:
+        stack.enter_context(make_scope(tower))
+      tower.output = call(tower, shards[index])
+    towers.append(tower)
+  return towers
+
+
+@contextlib.contextmanager
+def _explained_mismatch(tower: Tower, api: str, hint: str):
+  """Says which tower and device broke the same-variables rule, and how."""
+  try:
+    yield
+  except sharing.VariableMismatchError as error:
+    raise sharing.VariableMismatchError(
+        f"`{api}` tower {tower.index} ({short_device(tower)}) did not create "
+        f"the variables tower 0 created. {error} The function must create "
+        "the same variables, in the same order, in every tower, "
+        f"unconditionally.{hint}") from error
 
 
 def short_device(tower: Tower) -> str:

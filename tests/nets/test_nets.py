@@ -9,9 +9,9 @@ import tf_slim as slim
 from tensorflow.python.framework import tensor as tensor_lib
 from tf_slim.layers import layers as slim_layers
 
-import estimator_multigpu.nets as nets
+import nets
 from estimator_multigpu import slim_compat
-from estimator_multigpu.nets import cifarnet, lenet, mlp
+from nets import cifarnet, lenet, mlp
 
 tf1 = tf.compat.v1
 

@@ -2,29 +2,29 @@
 
 Typical use::
 
-  from estimator_multigpu import data
-  input_fn = data.make_input_fn('digits', 'train', batch_size=64)
+  import datasets
+  input_fn = datasets.make_input_fn('digits', 'train', batch_size=64)
   estimator.train(input_fn, max_steps=1000)
 
 The converter (`convert_image_folder`, `list_image_folder`) is loaded on
-first use, so that ``python -m estimator_multigpu.data.convert`` runs cleanly.
+first use, so that ``python -m datasets.convert`` runs cleanly.
 """
 
 import importlib
 
-from estimator_multigpu.data.datasets_factory import DATASET_NAMES
-from estimator_multigpu.data.datasets_factory import default_image_size
-from estimator_multigpu.data.datasets_factory import get_dataset
-from estimator_multigpu.data.datasets_factory import make_input_fn
-from estimator_multigpu.data.datasets_factory import num_classes
-from estimator_multigpu.data.digits import digits_dataset
-from estimator_multigpu.data.digits import load_split as load_digits_split
-from estimator_multigpu.data.synthetic import synthetic_dataset
-from estimator_multigpu.data.tfrecord import find_shards
-from estimator_multigpu.data.tfrecord import make_example
-from estimator_multigpu.data.tfrecord import read_label_file
-from estimator_multigpu.data.tfrecord import tfrecord_dataset
-from estimator_multigpu.data.tfrecord import write_label_file
+from datasets.datasets_factory import DATASET_NAMES
+from datasets.datasets_factory import default_image_size
+from datasets.datasets_factory import get_dataset
+from datasets.datasets_factory import make_input_fn
+from datasets.datasets_factory import num_classes
+from datasets.digits import digits_dataset
+from datasets.digits import load_split as load_digits_split
+from datasets.synthetic import synthetic_dataset
+from datasets.tfrecord import find_shards
+from datasets.tfrecord import make_example
+from datasets.tfrecord import read_label_file
+from datasets.tfrecord import tfrecord_dataset
+from datasets.tfrecord import write_label_file
 
 _LAZY = {'convert_image_folder': 'convert', 'list_image_folder': 'convert'}
 

@@ -5,7 +5,7 @@ fixed shard `shard(k)` as its global batch, so the weights after N
 synchronous steps are known in closed form (`expected`). Each trainer runs
 it on 2 virtual CPU towers with an exponential moving average.
 
-    python tests/linear_cluster.py --ps_hosts=localhost:2222 \\
+    python tests/cluster/linear_cluster.py --ps_hosts=localhost:2222 \\
         --worker_hosts=localhost:2223,localhost:2224 --job_name=worker \\
         --task_index=1 --model_dir=/tmp/linear --max_steps=20 --sync_replicas
 
@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import cluster
-from estimator_multigpu import job_control
+from estimator_multigpu.cluster import job_control
 
 tf1 = tf.compat.v1
 W0 = np.full((3, 2), 0.5, np.float32)

@@ -1,6 +1,6 @@
 """Starts a whole cluster on this machine, to try distributed training.
 
-    python -m estimator_multigpu.launch --num_ps 1 --num_workers 2 -- \\
+    python -m estimator_multigpu.cluster.launch --num_ps 1 --num_workers 2 -- \\
         --model_name=mlp --max_steps=300 --model_dir=runs/cluster
 
 Every task runs `python <script> <flags after -->` plus its cluster flags
@@ -188,7 +188,7 @@ def parse_args(argv: Sequence[str]) -> tuple:
   split = argv.index("--") if "--" in argv else len(argv)
   own, script_args = argv[:split], argv[split + 1:]
   parser = argparse.ArgumentParser(
-      prog="python -m estimator_multigpu.launch",
+      prog="python -m estimator_multigpu.cluster.launch",
       description="Start ps tasks, workers and optionally an evaluator on "
       "this machine; arguments after -- go to every task.")
   parser.add_argument("--num_ps", type=int, default=1)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_multigpu import data
-from estimator_multigpu.data import convert
-from estimator_multigpu.data import digits
+import datasets
+from datasets import convert
+from datasets import digits
 
 tf1 = tf.compat.v1
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -131,57 +131,57 @@ def convert_folder(image_folder, tmp_path, num_shards=3):
 
 
 def test_dataset_names_and_metadata():
-  assert data.DATASET_NAMES == ('digits', 'synthetic', 'tfrecord')
-  assert data.num_classes('digits') == 10
-  assert data.num_classes('synthetic') == 1000
-  assert data.default_image_size('digits') == 8
-  assert data.default_image_size('tfrecord') is None
+  assert datasets.DATASET_NAMES == ('digits', 'synthetic', 'tfrecord')
+  assert datasets.num_classes('digits') == 10
+  assert datasets.num_classes('synthetic') == 1000
+  assert datasets.default_image_size('digits') == 8
+  assert datasets.default_image_size('tfrecord') is None
 
 
 def test_unknown_dataset_names_it_and_lists_valid_names():
   with pytest.raises(ValueError) as info:
-    data.get_dataset('mnist', 'train', 8)
+    datasets.get_dataset('mnist', 'train', 8)
   assert str(info.value) == (
       "Unknown dataset name 'mnist'; valid names are 'digits', 'synthetic', "
       "'tfrecord'.")
   with pytest.raises(ValueError, match="'mnist'"):
-    data.num_classes('mnist')
+    datasets.num_classes('mnist')
 
 
 @pytest.mark.parametrize('batch_size', [0, -3, 2.5, True, None])
 def test_bad_batch_size(batch_size):
   with pytest.raises(ValueError, match=r'batch_size must be an integer >= 1, '
                      rf'got {batch_size!r}'):
-    data.get_dataset('digits', 'eval', batch_size)
+    datasets.get_dataset('digits', 'eval', batch_size)
 
 
 @pytest.mark.parametrize('image_size', [0, -8, (8,), (8, 0), 'big', 2.0])
 def test_bad_image_size(image_size):
   with pytest.raises(ValueError, match='image_size must be a positive int or '
                      r'a \(height, width\) pair'):
-    data.get_dataset('synthetic', 'eval', 4, image_size=image_size)
+    datasets.get_dataset('synthetic', 'eval', 4, image_size=image_size)
 
 
 def test_bad_split_names():
   with pytest.raises(ValueError, match="Unknown split 'test' for dataset "
                      "'digits'; expected one of 'train', 'eval'"):
-    data.get_dataset('digits', 'test', 8)
+    datasets.get_dataset('digits', 'test', 8)
   for split in ('train-1', '../train', '*'):
     with pytest.raises(ValueError, match='Bad split name'):
-      data.get_dataset('tfrecord', split, 8, image_size=4, data_dir='/tmp')
+      datasets.get_dataset('tfrecord', split, 8, image_size=4, data_dir='/tmp')
 
 
 def test_drop_remainder_is_refused_for_eval():
   with pytest.raises(ValueError, match='only allowed for the .train. split'):
-    data.get_dataset('digits', 'eval', 8, drop_remainder=True)
+    datasets.get_dataset('digits', 'eval', 8, drop_remainder=True)
 
 
 @pytest.mark.parametrize('name,kwargs', [('digits', {}),
                                          ('synthetic', {'image_size': 6})])
 def test_train_batch_dimension_is_static_eval_is_not(name, kwargs):
   with tf.Graph().as_default():
-    train = data.get_dataset(name, 'train', 16, **kwargs)
-    held_out = data.get_dataset(name, 'eval', 16, **kwargs)
+    train = datasets.get_dataset(name, 'train', 16, **kwargs)
+    held_out = datasets.get_dataset(name, 'eval', 16, **kwargs)
   assert train.element_spec[0].shape[0] == 16
   assert train.element_spec[1].shape.as_list() == [16]
   assert held_out.element_spec[0].shape[0] is None
@@ -190,13 +190,13 @@ def test_train_batch_dimension_is_static_eval_is_not(name, kwargs):
 
 
 def test_make_input_fn_builds_in_the_callers_graph():
-  input_fn = data.make_input_fn('digits', 'eval', 100)
+  input_fn = datasets.make_input_fn('digits', 'eval', 100)
   with tf.Graph().as_default() as graph:
     dataset = input_fn()
     assert isinstance(dataset, tf.data.Dataset)
     assert tf1.get_default_graph() is graph
   with pytest.raises(ValueError, match='batch_size'):
-    data.make_input_fn('digits', 'eval', 0)
+    datasets.make_input_fn('digits', 'eval', 0)
 
 
 # ------------------------------------------------------------------ digits
@@ -214,7 +214,7 @@ def test_digits_split_is_disjoint_stratified_and_complete():
 
 
 def test_digits_train_batches():
-  make = lambda: data.get_dataset('digits', 'train', 64, seed=1)
+  make = lambda: datasets.get_dataset('digits', 'train', 64, seed=1)
   batches = collect(make, max_batches=25)
   check_batches(batches, (8, 8, 1), 10)
   assert len(batches) == 25  # Repeats past one epoch (22 full batches).
@@ -227,7 +227,7 @@ def test_digits_train_batches():
 
 
 def test_digits_eval_is_complete_deterministic_and_keeps_last_batch():
-  make = lambda: data.get_dataset('digits', 'eval', 64)
+  make = lambda: datasets.get_dataset('digits', 'eval', 64)
   first, second = collect(make), collect(make, one_shot=False)
   assert [len(labels) for _, labels in first] == [64] * 5 + [40]
   check_batches(first, (8, 8, 1), 10)
@@ -240,7 +240,7 @@ def test_digits_eval_is_complete_deterministic_and_keeps_last_batch():
 
 
 def test_digits_resized():
-  batches = collect(lambda: data.get_dataset('digits', 'eval', 50,
+  batches = collect(lambda: datasets.get_dataset('digits', 'eval', 50,
                                              image_size=(16, 12)), 2)
   check_batches(batches, (16, 12, 1), 10)
 
@@ -249,27 +249,27 @@ def test_digits_resized():
 
 
 def test_synthetic_shapes_and_labels():
-  make = lambda: data.get_dataset('synthetic', 'train', 16, image_size=(20, 24),
+  make = lambda: datasets.get_dataset('synthetic', 'train', 16, image_size=(20, 24),
                                   channels=4, num_classes=7)
   batches = collect(make, max_batches=3)
   check_batches(batches, (20, 24, 4), 7)
   assert len(np.unique(concat(batches)[1])) > 1
-  short_epochs = collect(lambda: data.get_dataset(
+  short_epochs = collect(lambda: datasets.get_dataset(
       'synthetic', 'train', 16, image_size=2, num_examples=20), max_batches=5)
   assert [len(labels) for _, labels in short_epochs] == [16] * 5  # Repeats.
-  tiny = collect(lambda: data.get_dataset(
+  tiny = collect(lambda: datasets.get_dataset(
       'synthetic', 'eval', 8, image_size=2, num_examples=5))
   assert [len(labels) for _, labels in tiny] == [5]
 
 
 def test_synthetic_eval_is_finite_seeded_and_keeps_last_batch():
-  make = lambda: data.get_dataset('synthetic', 'eval', 8, image_size=4,
+  make = lambda: datasets.get_dataset('synthetic', 'eval', 8, image_size=4,
                                   num_classes=3, num_examples=20, seed=5)
   first, second = collect(make), collect(make)
   assert [len(labels) for _, labels in first] == [8, 8, 4]
   check_batches(first, (4, 4, 3), 3)
   np.testing.assert_array_equal(concat(first)[0], concat(second)[0])
-  other = collect(lambda: data.get_dataset(
+  other = collect(lambda: datasets.get_dataset(
       'synthetic', 'eval', 8, image_size=4, num_examples=20, seed=6))
   assert not np.array_equal(concat(first)[0], concat(other)[0])
 
@@ -283,7 +283,7 @@ def test_tfrecord_round_trip(image_folder, tmp_path):
       f'train-0000{i}-of-00003.tfrecord' for i in range(3)]
   with open(os.path.join(out_dir, 'labels.txt')) as f:
     assert f.read() == '0:ant\n1:cow\n2:zebra\n'
-  batches = collect(lambda: data.get_dataset(
+  batches = collect(lambda: datasets.get_dataset(
       'tfrecord', 'train', 5, image_size=(HEIGHT, WIDTH),
       data_dir=out_dir, shuffle=False, repeat=False, drop_remainder=False))
   check_batches(batches, (HEIGHT, WIDTH, 3), 3)
@@ -295,8 +295,8 @@ def test_tfrecord_round_trip(image_folder, tmp_path):
 
 def test_tfrecord_train_shuffles_and_repeats(image_folder, tmp_path):
   out_dir, _, _ = convert_folder(image_folder, tmp_path, 2)
-  assert data.num_classes('tfrecord', out_dir) == 3
-  make = lambda: data.get_dataset('tfrecord', 'train', 5, image_size=9,
+  assert datasets.num_classes('tfrecord', out_dir) == 3
+  make = lambda: datasets.get_dataset('tfrecord', 'train', 5, image_size=9,
                                   data_dir=out_dir, channels=1, seed=3)
   batches = collect(make, max_batches=4)
   check_batches(batches, (9, 9, 1), 3)
@@ -305,7 +305,7 @@ def test_tfrecord_train_shuffles_and_repeats(image_folder, tmp_path):
 
 def test_tfrecord_label_checked_against_num_classes(image_folder, tmp_path):
   out_dir, _, _ = convert_folder(image_folder, tmp_path, 1)
-  make = lambda: data.get_dataset('tfrecord', 'train', 12, image_size=4,
+  make = lambda: datasets.get_dataset('tfrecord', 'train', 12, image_size=4,
                                   data_dir=out_dir, num_classes=2, repeat=False)
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match='label out of range'):
@@ -315,23 +315,23 @@ def test_tfrecord_label_checked_against_num_classes(image_folder, tmp_path):
 def test_tfrecord_empty_data_dir_message(tmp_path):
   empty = str(tmp_path)
   with pytest.raises(FileNotFoundError) as info:
-    data.get_dataset('tfrecord', 'eval', 8, image_size=32, data_dir=empty)
+    datasets.get_dataset('tfrecord', 'eval', 8, image_size=32, data_dir=empty)
   pattern = os.path.join(empty, 'eval-*-of-*')
   assert str(info.value).startswith(
       f"No TFRecord files for split 'eval' in data_dir {empty!r}: nothing "
       f'matches {pattern!r}.')
   with pytest.raises(FileNotFoundError, match='is not a directory'):
-    data.get_dataset('tfrecord', 'eval', 8, image_size=32,
+    datasets.get_dataset('tfrecord', 'eval', 8, image_size=32,
                      data_dir=os.path.join(empty, 'missing'))
   with pytest.raises(ValueError, match='needs data_dir'):
-    data.get_dataset('tfrecord', 'eval', 8, image_size=32)
+    datasets.get_dataset('tfrecord', 'eval', 8, image_size=32)
 
 
 def test_tfrecord_needs_image_size(tmp_path):
   with pytest.raises(ValueError, match="'tfrecord' needs image_size"):
-    data.get_dataset('tfrecord', 'eval', 8, data_dir=str(tmp_path))
+    datasets.get_dataset('tfrecord', 'eval', 8, data_dir=str(tmp_path))
   with pytest.raises(ValueError, match='reads labels.txt'):
-    data.num_classes('tfrecord', str(tmp_path))
+    datasets.num_classes('tfrecord', str(tmp_path))
 
 
 # --------------------------------------------------------------- converter
@@ -359,7 +359,7 @@ def test_converter_keeps_jpeg_and_reencodes_bmp(tmp_path):
   assert bmp_rec['image/width'].int64_list.value == [7]
   assert jpeg_rec['image/format'].bytes_list.value == [b'jpeg']
   assert jpeg_rec['image/encoded'].bytes_list.value == [jpeg]
-  [(images, labels)] = collect(lambda: data.get_dataset(
+  [(images, labels)] = collect(lambda: datasets.get_dataset(
       'tfrecord', 'eval', 4, image_size=(3, 7), data_dir=str(tmp_path / 'out')))
   assert list(labels) == [0, 0] and images.shape == (2, 3, 7, 3)
   np.testing.assert_array_equal(np.round(images[0] * 255), bmp_image)
@@ -379,7 +379,7 @@ def test_converter_errors(image_folder, tmp_path):
   with pytest.raises(FileExistsError, match='already match'):
     convert.convert_image_folder(image_dir, out_dir, num_shards=3)
   convert.convert_image_folder(image_dir, out_dir, num_shards=3, overwrite=True)
-  assert len(data.find_shards(out_dir, 'train')) == 3
+  assert len(datasets.find_shards(out_dir, 'train')) == 3
   (tmp_path / 'images' / 'ant' / 'bad.png').write_bytes(b'\x89PNG\r\n\x1a\nxx')
   with pytest.raises(ValueError, match="Cannot decode image '.*bad.png'"):
     convert.convert_image_folder(image_dir, str(tmp_path / 'out2'))
@@ -389,7 +389,7 @@ def test_converter_command_line(image_folder, tmp_path):
   image_dir, _ = image_folder
   out_dir = str(tmp_path / 'cli')
   result = subprocess.run(
-      [sys.executable, '-m', 'estimator_multigpu.data.convert',
+      [sys.executable, '-m', 'datasets.convert',
        f'--image_dir={image_dir}', f'--output_dir={out_dir}',
        '--num_shards=2', '--split=validation'],
       cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
@@ -398,4 +398,4 @@ def test_converter_command_line(image_folder, tmp_path):
   assert sorted(os.listdir(out_dir)) == [
       'labels.txt', 'validation-00000-of-00002.tfrecord',
       'validation-00001-of-00002.tfrecord']
-  assert data.read_label_file(out_dir) == {0: 'ant', 1: 'cow', 2: 'zebra'}
+  assert datasets.read_label_file(out_dir) == {0: 'ant', 1: 'cow', 2: 'zebra'}

@@ -14,11 +14,11 @@ import tensorflow as tf
 import common_flags
 import eval as eval_script
 import train
-from estimator_multigpu import classifier
+import classifier
 
 tf1 = tf.compat.v1
 FLAGS = flags.FLAGS
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +86,7 @@ def test_train_then_evaluate_in_process(tmp_path):
   assert checkpoint.endswith("model.ckpt-20")
   assert eval_script.checkpoint_has_ema(checkpoint)
   evaluator = eval_script.build_estimator(towers, config, str(tmp_path), True)
-  input_fn = eval_script.data.make_input_fn("digits", "eval", 64)
+  input_fn = eval_script.datasets.make_input_fn("digits", "eval", 64)
   metrics = eval_script.evaluate(evaluator, input_fn, checkpoint, 6)
   assert metrics["global_step"] == 20
   assert 0.0 <= metrics["accuracy"] <= 1.0 and "top_5" in metrics

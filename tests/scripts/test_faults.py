@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = [sys.executable, os.path.join(ROOT, "train.py"), "--model_name=mlp",
          "--log_every_n_steps=20", "--save_summary_steps=1000"]
 

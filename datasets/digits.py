@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from estimator_multigpu.data import _pipeline
+from datasets import _pipeline
 
 NAME = 'digits'
 NUM_CLASSES = 10

@@ -16,7 +16,6 @@ with the GPUs' peer-access matrix and the aggregation device.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from typing import Optional, Sequence, Union
@@ -24,10 +23,12 @@ from typing import Optional, Sequence, Union
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu import gpu_visibility
-from estimator_multigpu import topology
+from estimator_multigpu.devices import gpu_visibility
+from estimator_multigpu.devices import topology
 # Re-exported: the device listings live in topology.py.
 DeviceRecord = topology.DeviceRecord
+aggregation_device_for = topology.aggregation_device_for
+short_name = topology.short_name
 device_report = topology.device_report
 local_devices = topology.local_devices
 physical_devices = topology.physical_devices
@@ -61,12 +62,6 @@ def canonical_device(spelling: str) -> str:
         "place a tower on; expected '/gpu:<k>' or '/cpu:<k>' (also spelled "
         "'/GPU:<k>', '/device:GPU:<k>'). Fix the spelling, e.g. '/gpu:0'.")
   return f"/device:{match.group(1).upper()}:{int(match.group(2))}"
-
-
-def short_name(device: str) -> str:
-  """`/device:GPU:0` -> `/gpu:0`, for log lines."""
-  spec = tf.DeviceSpec.from_string(device)
-  return f"/{spec.device_type.lower()}:{spec.device_index}"
 
 
 def num_visible_gpus() -> int:
@@ -271,30 +266,3 @@ def _verify_pinned(gpu_ids: list, value: str) -> None:
       f"TensorFlow sees {seen} GPU(s) where {len(gpu_ids)} were asked for: "
       f"{hint}. The GPU set is now fixed for this process; restart it with "
       "valid ids (or pass verify=False to skip this check).")
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """`python -m estimator_multigpu.devices`: prints the device report.
-
-  Creates every device (see `topology.local_devices`), so it initialises
-  TensorFlow's GPUs; `nvidia-smi topo -m` is appended when present.
-  """
-  parser = argparse.ArgumentParser(
-      prog="python -m estimator_multigpu.devices",
-      description="List this machine's devices, the GPUs' peer access and "
-      "the aggregation device multi_gpu would choose.")
-  parser.add_argument("--num_cpus", type=int, default=1,
-                      help="virtual CPU devices to list (as with "
-                      "make_session_config(num_cpus=N)); default 1")
-  args = parser.parse_args(argv)
-  if args.num_cpus < 1:
-    parser.error(f"--num_cpus must be >= 1; got {args.num_cpus}.")
-  records = local_devices(make_session_config(num_cpus=args.num_cpus))
-  nvidia = topology.nvidia_smi_topology() if topology.gpus(records) else None
-  print(device_report(records, nvidia,
-                      os.environ.get("CUDA_VISIBLE_DEVICES")), end="")
-  return 0
-
-
-if __name__ == "__main__":
-  raise SystemExit(main())

@@ -15,17 +15,19 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import devices
-from estimator_multigpu import gpu_visibility
-from estimator_multigpu import topology
-from estimator_multigpu.topology import DeviceRecord
+from estimator_multigpu.devices import gpu_visibility
+from estimator_multigpu.devices import topology
+from estimator_multigpu.devices.topology import DeviceRecord
+from estimator_multigpu.devices import __main__ as devices_cli
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Before TensorFlow lists its devices: pin, re-pin, then see no GPU at all.
 PIN_BEFORE_INIT = """
 import os
 import estimator_multigpu  # importing must not fix the GPUs.
-from estimator_multigpu import devices, gpu_visibility
+from estimator_multigpu import devices
+from estimator_multigpu.devices import gpu_visibility
 import tensorflow as tf
 result = {"reason_at_start": gpu_visibility.gpus_fixed_reason()}
 result["scheduler"] = devices.pin_gpus([1, 3], verify=False)
@@ -41,7 +43,8 @@ print(json.dumps(result))
 # Pin GPU 0 (verified), start the eager runtime, then pin again: too late.
 PIN_TOO_LATE = """
 import os
-from estimator_multigpu import devices, gpu_visibility
+from estimator_multigpu import devices
+from estimator_multigpu.devices import gpu_visibility
 import tensorflow as tf
 result = {"cuda": tf.test.is_built_with_cuda()}
 try:
@@ -233,7 +236,7 @@ def test_report_for_gpus_without_full_peer_access():
 def test_report_for_gpus_with_full_peer_access_suggests_gpu0():
   report = topology.device_report(gpu_records([[1], [0]]))
   assert "Aggregation device: /cpu:0" in report
-  assert "Every GPU pair has peer access, so ps_device='/gpu:0'" in (
+  assert "Every GPU pair has peer access, so aggregation_device='/gpu:0'" in (
       topology.default_aggregation_device(gpu_records([[1], [0]])).reason)
   assert "nvidia-smi" not in report
 
@@ -276,6 +279,6 @@ def test_nvidia_smi_is_optional(monkeypatch):
 
 
 def test_cli_main_in_process(capsys):
-  assert devices.main(["--num_cpus", "2"]) == 0
+  assert devices_cli.main(["--num_cpus", "2"]) == 0
   assert "/cpu:1" in capsys.readouterr().out
 

@@ -13,8 +13,8 @@ from typing import Any, Dict, Tuple
 import tensorflow as tf
 import tf_slim as slim
 
-from estimator_multigpu.nets import cifarnet, lenet, mlp, slim_nets
-from estimator_multigpu.nets.slim_nets import ArgScopeFn, NetFn, NetOutput
+from nets import cifarnet, lenet, mlp, slim_nets
+from nets.slim_nets import ArgScopeFn, NetFn, NetOutput
 
 _NETWORKS: Dict[str, Tuple[NetFn, ArgScopeFn]] = {
     "cifarnet": (cifarnet.cifarnet, cifarnet.cifarnet_arg_scope),

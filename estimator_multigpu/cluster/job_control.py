@@ -29,8 +29,8 @@ from typing import Any, Callable, Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.cluster import CHIEF, PS, Task, exit_process
-from estimator_multigpu.cluster import start_server
+from estimator_multigpu.cluster.task import CHIEF, PS, Task, exit_process
+from estimator_multigpu.cluster.task import start_server
 
 tf1 = tf.compat.v1
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from estimator_multigpu.data import _pipeline
+from datasets import _pipeline
 
 NAME = 'synthetic'
 SPLITS = ('train', 'eval')

@@ -2,7 +2,7 @@
 
 Names: ``'digits'`` (scikit-learn's bundled 8x8 digits), ``'synthetic'``
 (random images for benchmarks) and ``'tfrecord'`` (sharded records written
-by `estimator_multigpu.data.convert`). Every dataset yields batches of
+by `datasets.convert`). Every dataset yields batches of
 float32 NHWC images and int32 [batch] labels.
 """
 
@@ -10,10 +10,10 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from estimator_multigpu.data import _pipeline
-from estimator_multigpu.data import digits
-from estimator_multigpu.data import synthetic
-from estimator_multigpu.data import tfrecord
+from datasets import _pipeline
+from datasets import digits
+from datasets import synthetic
+from datasets import tfrecord
 
 DATASET_NAMES = (digits.NAME, synthetic.NAME, tfrecord.NAME)
 
@@ -59,7 +59,7 @@ def num_classes(name: str, data_dir: Optional[str] = None) -> int:
     raise ValueError(
         f"num_classes('tfrecord') reads {tfrecord.LABELS_FILENAME} in "
         f'data_dir, but data_dir={data_dir!r} has none; pass the folder '
-        'written by estimator_multigpu.data.convert, or num_classes itself.')
+        'written by datasets.convert, or num_classes itself.')
   return len(tfrecord.read_label_file(data_dir))
 
 

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from estimator_multigpu.data import _pipeline
+from datasets import _pipeline
 
 NAME = 'tfrecord'
 IMAGE_KEY = 'image/encoded'
@@ -69,7 +69,7 @@ def find_shards(data_dir: Optional[str], split: str) -> List[str]:
   if not data_dir:
     raise ValueError(
         f'Dataset {NAME!r} needs data_dir: the folder holding the '
-        f'{split}-*-of-* record files (see estimator_multigpu.data.convert).')
+        f'{split}-*-of-* record files (see datasets.convert).')
   if not tf.io.gfile.isdir(data_dir):
     raise FileNotFoundError(f'data_dir {data_dir!r} is not a directory.')
   files = sorted(tf.io.gfile.glob(shard_pattern(data_dir, split)))
@@ -82,7 +82,7 @@ def _no_records_error(data_dir: str, split: str) -> FileNotFoundError:
   return FileNotFoundError(
       f'No TFRecord files for split {split!r} in data_dir {data_dir!r}: '
       f'nothing matches {shard_pattern(data_dir, split)!r}. Write them with '
-      f'`python -m estimator_multigpu.data.convert --image_dir DIR '
+      f'`python -m datasets.convert --image_dir DIR '
       f'--output_dir {data_dir} --split {split}`, or point data_dir at the '
       'folder that holds them.')
 

@@ -17,7 +17,7 @@ from typing import Optional
 import tensorflow as tf
 
 from estimator_multigpu import gradients
-from estimator_multigpu import nets
+import nets
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys

@@ -3,11 +3,11 @@
 Class ids follow the sorted subfolder names. PNG and JPEG files are stored as
 they are (after checking that they decode); BMP and GIF are re-encoded as PNG.
 The output is ``<output_dir>/<split>-0000i-of-0000N.tfrecord`` plus
-``labels.txt``; see `estimator_multigpu.data.tfrecord` for the format.
+``labels.txt``; see `datasets.tfrecord` for the format.
 
 Example::
 
-  python -m estimator_multigpu.data.convert --image_dir photos/ \\
+  python -m datasets.convert --image_dir photos/ \\
       --output_dir records/ --num_shards 4 --split train
 """
 
@@ -19,8 +19,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from estimator_multigpu.data import _pipeline
-from estimator_multigpu.data import tfrecord
+from datasets import _pipeline
+from datasets import tfrecord
 
 tf1 = tf.compat.v1
 

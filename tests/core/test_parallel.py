@@ -6,7 +6,7 @@ import tensorflow as tf
 import tf_slim as slim
 
 import estimator_multigpu as emg
-from estimator_multigpu.nets import nets_factory
+from nets import nets_factory
 
 tf1 = tf.compat.v1
 

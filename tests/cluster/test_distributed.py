@@ -1,7 +1,7 @@
 """Several machines: ps tasks, workers and an evaluator on loopback ports.
 
-Cluster runs are real processes (train.py, or tests/linear_cluster.py for
-exact numbers) started by `estimator_multigpu.launch` or by hand; every
+Cluster runs are real processes (train.py, or tests/cluster/linear_cluster.py for
+exact numbers) started by `estimator_multigpu.cluster.launch` or by hand; every
 process is bounded by a timeout and killed in a `finally`.
 """
 
@@ -22,16 +22,16 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
-from estimator_multigpu import classifier
+import classifier
 from estimator_multigpu import cluster
-from estimator_multigpu import job_control
-from estimator_multigpu import launch
+from estimator_multigpu.cluster import job_control
+from estimator_multigpu.cluster import launch
 import linear_cluster
 import train
 
 tf1 = tf.compat.v1
 FLAGS = flags.FLAGS
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 ENV.pop("TF_CONFIG", None)
 TRAIN_FLAGS = ["--model_name=mlp", "--log_every_n_steps=10",
@@ -225,7 +225,7 @@ def run_launcher(tmp_path, *args, timeout=240):
   """
   log_dir = str(tmp_path / "logs")
   launcher = subprocess.Popen(
-      [sys.executable, "-m", "estimator_multigpu.launch", "--log_dir",
+      [sys.executable, "-m", "estimator_multigpu.cluster.launch", "--log_dir",
        log_dir, "--timeout_secs", str(timeout - 60), "--grace_secs", "40",
        *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
       cwd=ROOT, env=ENV)
@@ -283,7 +283,7 @@ def test_async_cluster_from_tf_config_with_an_evaluator(tmp_path):
 def test_sync_cluster_averages_both_workers_gradients(tmp_path):
   model_dir = str(tmp_path / "model")
   status, output, _ = run_launcher(
-      tmp_path, "--script", "tests/linear_cluster.py", "--", "--sync_replicas",
+      tmp_path, "--script", "tests/cluster/linear_cluster.py", "--", "--sync_replicas",
       f"--model_dir={model_dir}", "--max_steps=20")
   assert status == 0, output[-3000:]
   reader = tf.train.load_checkpoint(model_dir)

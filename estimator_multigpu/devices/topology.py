@@ -59,7 +59,7 @@ class DeviceRecord:
   @property
   def short_name(self) -> str:
     """`/gpu:0`, for reports."""
-    return f"/{self.device_type.lower()}:{self.index}"
+    return short_name(self.name)
 
 
 class Aggregation(NamedTuple):
@@ -171,15 +171,26 @@ def default_towers(records: Sequence[DeviceRecord]) -> list[str]:
   return [record.name for record in gpus(records)] or ["/device:CPU:0"]
 
 
+def aggregation_device_for(tower_devices: Sequence[str]) -> str:
+  """The one rule for the default aggregation device of these towers.
+
+  With one tower, its own device (there is nothing to combine); with several,
+  `/cpu:0`: variables in host memory, each GPU reads them and sends its
+  gradients over its own host link. `multi_gpu`, `make_parallel` and the
+  device report all use this rule.
+  """
+  return tower_devices[0] if len(tower_devices) == 1 else "/device:CPU:0"
+
+
 def default_aggregation_device(records: Sequence[DeviceRecord]) -> Aggregation:
   """The aggregation device `multi_gpu` chooses with its default towers.
 
-  The rule is `multi_gpu`'s default `ps_device`: with one tower (no GPU, or
+  The rule is `aggregation_device_for`: with one tower (no GPU, or
   one GPU) it is that tower's device, since there is nothing to combine; with
   several towers it is `/cpu:0`, where variables live in host memory and
   every GPU reads them and sends its gradients over its own host link, so no
   GPU-to-GPU path is needed. Peer access does not change the default; the
-  reason says whether `ps_device="/gpu:0"` is worth measuring (only when
+  reason says whether `aggregation_device="/gpu:0"` is worth measuring (only when
   every GPU pair has peer access, else copies between some GPUs would be
   staged through host memory anyway).
 
@@ -190,12 +201,14 @@ def default_aggregation_device(records: Sequence[DeviceRecord]) -> Aggregation:
     An `Aggregation(device, reason)`.
   """
   towers = default_towers(records)
+  device = aggregation_device_for(towers)
   if len(towers) == 1:
-    return Aggregation(towers[0], (
+    return Aggregation(device, (
         "one tower: variables and updates stay on its own device; there is "
         "nothing to combine."))
-  return Aggregation("/device:CPU:0", (
-      f"{len(towers)} towers: multi_gpu's default ps_device is /cpu:0 — "
+  return Aggregation(device, (
+      f"{len(towers)} towers: multi_gpu's default aggregation_device is "
+      "/cpu:0 — "
       "variables in host memory, each GPU reads them and sends its "
       "gradients over its own host link, so no GPU-to-GPU path is needed. "
       + _peer_advice(records)))
@@ -211,7 +224,8 @@ def _peer_advice(records: Sequence[DeviceRecord]) -> str:
     return (f"GPU pairs without peer access: {pairs}; a GPU aggregation "
             "device would stage their copies through host memory: keep "
             "/cpu:0.")
-  return ("Every GPU pair has peer access, so ps_device='/gpu:0' (variables "
+  return ("Every GPU pair has peer access, so aggregation_device='/gpu:0' "
+          "(variables "
           "and the gradient sum on GPU 0) may be faster: measure both.")
 
 
@@ -251,8 +265,8 @@ def device_report(records: Sequence[DeviceRecord],
   lines += _gpu_lines(records, cuda_visible_devices)
   aggregation = default_aggregation_device(records)
   lines += ["", "Default towers (multi_gpu with devices=None): " +
-            ", ".join(_short(d) for d in default_towers(records)),
-            f"Aggregation device: {_short(aggregation.device)}",
+            ", ".join(short_name(d) for d in default_towers(records)),
+            f"Aggregation device: {short_name(aggregation.device)}",
             textwrap.fill(aggregation.reason, 79, initial_indent="  why: ",
                           subsequent_indent="       ")]
   if nvidia_topology:
@@ -296,6 +310,7 @@ def _cell(value: Optional[bool]) -> str:
   return {True: "yes", False: "no", None: "?"}[value]
 
 
-def _short(device: str) -> str:
+def short_name(device: str) -> str:
+  """`/device:GPU:0` -> `/gpu:0`, for log lines and reports."""
   spec = tf.DeviceSpec.from_string(device)
   return f"/{spec.device_type.lower()}:{spec.device_index}"

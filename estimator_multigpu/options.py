@@ -1,0 +1,95 @@
+"""The decorator's options, checked when the model_fn is wrapped.
+
+Mistakes in an option raise at once, naming the option, what was given, what
+was expected and how to fix it; what can only be known from the graph (the
+devices a session will have) is checked when the graph is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from absl import logging
+
+from estimator_multigpu import devices as devices_lib
+from estimator_multigpu import plan as plan_lib
+from estimator_multigpu import strategies
+
+LOSS_REDUCTIONS = ("mean", "sum")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The decorator's options, checked (see `multi_gpu` for their meaning)."""
+  groups: Optional[list]  # one device group per tower; None = default.
+  aggregation_device: Optional[str]
+  loss_reduction: str
+  ema_decay: Optional[float]
+  clip_gradients_by_norm: Optional[float]
+  use_ema_weights: bool
+  variable_update: str = "shared"
+
+
+_WARNED: set = set()
+
+
+def aggregation_device_option(aggregation_device: Optional[str],
+                              ps_device: Optional[str]) -> Optional[str]:
+  """`aggregation_device`, or its old name `ps_device` (warns once).
+
+  Raises:
+    ValueError: both were given.
+  """
+  if ps_device is None:
+    return aggregation_device
+  if aggregation_device is not None:
+    raise ValueError(
+        f"`ps_device`={ps_device!r} and `aggregation_device`="
+        f"{aggregation_device!r} were both given; they are one option. Pass "
+        "only `aggregation_device` (`ps_device` is its old name).")
+  if "ps_device" not in _WARNED:
+    _WARNED.add("ps_device")
+    logging.warning("multi_gpu: `ps_device` is now called "
+                    "`aggregation_device`; the old name still works.")
+  return ps_device
+
+
+def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
+                  clip_gradients_by_norm, use_ema_weights,
+                  variable_update) -> Options:
+  """Validates the decorator's options; messages say how to fix them.
+
+  Raises:
+    TypeError, ValueError: an option is malformed.
+  """
+  if loss_reduction not in LOSS_REDUCTIONS:
+    raise ValueError(
+        f"`loss_reduction` is {loss_reduction!r}; expected one of "
+        f"{', '.join(map(repr, LOSS_REDUCTIONS))}: 'mean' when the model_fn's "
+        "loss is a mean over its examples, 'sum' when it is a sum.")
+  if variable_update not in strategies.STRATEGIES:
+    raise ValueError(
+        f"`variable_update` is {variable_update!r}; expected one of "
+        f"{', '.join(map(repr, strategies.STRATEGIES))}.")
+  _check_open_interval("ema_decay", ema_decay, 0.0, 1.0, "e.g. 0.999")
+  _check_open_interval("clip_gradients_by_norm", clip_gradients_by_norm,
+                       0.0, float("inf"), "e.g. 5.0")
+  return Options(
+      groups=plan_lib.resolve_groups(devices),
+      aggregation_device=(None if aggregation_device is None else
+                          devices_lib.canonical_device(aggregation_device)),
+      loss_reduction=loss_reduction, ema_decay=ema_decay,
+      clip_gradients_by_norm=clip_gradients_by_norm,
+      use_ema_weights=bool(use_ema_weights), variable_update=variable_update)
+
+
+def _check_open_interval(name, value, low, high, example) -> None:
+  if value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise TypeError(f"`{name}` must be a number or None; got {value!r}.")
+  if not low < value < high:
+    raise ValueError(
+        f"`{name}` is {value}; expected a number in ({low}, {high}), "
+        f"{example}, or None to turn it off.")

@@ -1,0 +1,132 @@
+"""Variable strategies: where variables live and how gradients become one update.
+
+The plan names the strategy (`multi_gpu(variable_update=...)`, chosen per
+graph like tensorpack's graph builders); everything else, splitting, spec
+merging, EMA, talks to it through three calls:
+
+- `placement(tower)`: the device (string or device function) for the tower's
+  ops and variables;
+- `sharing_scope(tower)`: how the tower gets its variables;
+- `apply_gradients(towers, clip_norm)`: the ops that turn the gradients every
+  tower recorded through `TowerOptimizer` into one update per step.
+
+`SharedVariables` ("shared", tf_cnn_benchmarks' `parameter_server`,
+tensorpack's `SyncMultiGPUTrainerParameterServer`) is the strategy today. A
+replicated strategy (a copy per tower, all-reduced gradients) is a second
+class here with its own placement, sharing and apply.
+
+Where the other round-2 features plug in, without touching a strategy:
+synchronized batch norm is a per-tower scope (`towers.build_towers`'
+`tower_scopes`) that exchanges moments between towers inside the forward
+pass; gradient accumulation wraps `apply_gradients` (sum the combined
+gradients into accumulators on the aggregation device, apply every k-th step).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+from estimator_multigpu import gradients as gradients_lib
+from estimator_multigpu import sharing
+
+tf1 = tf.compat.v1
+
+_VARIABLE_OPS = frozenset([
+    "Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable",
+    "MutableHashTable", "MutableHashTableV2", "MutableHashTableOfTensors",
+    "MutableHashTableOfTensorsV2", "MutableDenseHashTable",
+    "MutableDenseHashTableV2"])
+
+
+def device_function(tower_device: str, variable_device: str) -> Callable:
+  """Places variables on `variable_device`, every other op on the tower's.
+
+  Devices already set by an inner `tf.device` win field by field, as with
+  `tf.compat.v1.train.replica_device_setter`.
+  """
+  tower_spec = tf.DeviceSpec.from_string(tower_device)
+  variable_spec = tf.DeviceSpec.from_string(variable_device)
+
+  def choose(op) -> str:
+    op_type = op.type if isinstance(op, tf.Operation) else op.op  # NodeDef.
+    spec = variable_spec if op_type in _VARIABLE_OPS else tower_spec
+    current = tf.DeviceSpec.from_string(op.device or "")
+    return spec.make_merged_spec(current).to_string()
+
+  return choose
+
+
+
+class VariableStrategy(abc.ABC):
+  """How towers share variables and combine gradients, for one plan."""
+
+  name = ""
+
+  def __init__(self, plan: Any):
+    self.plan = plan
+
+  @abc.abstractmethod
+  def placement(self, tower: Any) -> Any:
+    """The tower's device string or device function (None: no placement)."""
+
+  @abc.abstractmethod
+  def sharing_scope(self, tower: Any):
+    """A context manager in which `tower` creates or gets its variables."""
+
+  @abc.abstractmethod
+  def apply_gradients(self, towers: list,
+                      clip_norm: Optional[float]) -> list:
+    """The ops that apply the towers' recorded gradients once per step."""
+
+
+class SharedVariables(VariableStrategy):
+  """One copy of each variable, on the aggregation device; one update.
+
+  Tower 0 creates the variables (placed on `plan.variable_device`), towers 1..
+  read them; the towers' weighted gradients are summed on the aggregation
+  device and the wrapped optimizer applies them once.
+  """
+
+  name = "shared"
+
+  def __init__(self, plan: Any):
+    super().__init__(plan)
+    self._sharing = sharing.VariableSharing()
+    self._globals_after_tower0: set = set()
+
+  def placement(self, tower: Any) -> Any:
+    if tower.device is None:
+      return None
+    variable_device = self.plan.variable_device
+    return (device_function(tower.device, variable_device)
+            if variable_device else tower.device)
+
+  @contextlib.contextmanager
+  def sharing_scope(self, tower: Any):
+    if tower.index == 0:
+      with self._sharing.tower0_scope():
+        yield
+      self._sharing.finish_tower0()
+      self._globals_after_tower0 = {v.op.name for v in tf1.global_variables()}
+      return
+    with sharing.reuse_scope_for_get_variable(tower), \
+        self._sharing.reuse_scope(tower):
+      yield
+    sharing.check_no_new_globals(tower, self._globals_after_tower0)
+
+  def apply_gradients(self, towers: list,
+                      clip_norm: Optional[float]) -> list:
+    return gradients_lib.apply_tower_gradients(
+        towers, self.plan.aggregation_device, clip_norm)
+
+
+STRATEGIES = {SharedVariables.name: SharedVariables}
+
+
+def make_strategy(plan: Any) -> VariableStrategy:
+  """The strategy object the plan names."""
+  return STRATEGIES[plan.variable_update](plan)
