@@ -313,3 +313,22 @@ def test_training_inside_fn_points_to_multi_gpu(session_config):
   with tf.Graph().as_default(), pytest.raises(ValueError, match="multi_gpu"):
     emg.make_parallel(fn, cpus(2), session_config=session_config,
                       x=tf.zeros([4, 3]))
+
+
+def test_device_groups_and_aggregation_device_go_through_the_plan(
+    session_config):
+  """make_parallel takes device groups like multi_gpu: one tower per group,
+  its ops on the group's first device; variables on the aggregation
+  device."""
+  with tf.Graph().as_default() as graph:
+    out = emg.make_parallel(tanh_layer, [["/cpu:1", "/cpu:2"], ["/cpu:3"]],
+                            session_config=session_config,
+                            aggregation_device="/cpu:0",
+                            x=tf.ones([3, 3]))
+  handles = [op for op in graph.get_operations() if op.type == "VarHandleOp"]
+  assert {op.device for op in handles} == {"/device:CPU:0"}
+  tanh_ops = sorted((op.name, op.device) for op in graph.get_operations()
+                    if op.type == "Tanh")
+  assert [device for _, device in tanh_ops] == ["/device:CPU:1",
+                                                "/device:CPU:3"]
+  assert out["y"].shape.as_list()[0] == 3
