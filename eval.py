@@ -18,6 +18,7 @@ import tensorflow as tf
 import tqdm
 
 import estimator_multigpu as emg
+from estimator_multigpu import evaluation
 
 import classifier
 import common_flags
@@ -81,25 +82,6 @@ def evaluate(estimator: tf.estimator.Estimator, input_fn, checkpoint: str,
                             hooks=[ProgressBarHook(total_batches)])
 
 
-def format_metrics(metrics: dict) -> str:
-  """`key=value` pairs, sorted by key."""
-  def value(v):
-    return f"{v:.4f}" if isinstance(v, float) or hasattr(v, "dtype") and (
-        v.dtype.kind == "f") else str(v)
-  return " ".join(f"{k}={value(v)}" for k, v in sorted(metrics.items()))
-
-
-def checkpoints(model_dir: str, once: bool, timeout_secs: int):
-  if once:
-    latest = tf.train.latest_checkpoint(model_dir)
-    if latest is None:
-      raise FileNotFoundError(
-          f"--model_dir={model_dir} holds no checkpoint; run train.py with "
-          "the same --model_dir first.")
-    return [latest]
-  return tf.train.checkpoints_iterator(model_dir, timeout=timeout_secs)
-
-
 def main(argv):
   del argv
   towers, num_classes, image_size = common_flags.setup_from_flags()
@@ -111,20 +93,18 @@ def main(argv):
       num_classes=num_classes)
   total = num_eval_batches(FLAGS.dataset_name, FLAGS.eval_split,
                            FLAGS.batch_size)
-  metrics = None
-  for checkpoint in checkpoints(FLAGS.model_dir, FLAGS.once,
-                                FLAGS.timeout_secs):
+
+  def evaluate_checkpoint(checkpoint: str) -> dict:
     use_ema = FLAGS.use_ema_weights and checkpoint_has_ema(checkpoint)
     logging.info("Evaluating %s (%s weights)", checkpoint,
                  "moving-average" if use_ema else "raw")
     estimator = build_estimator(towers, config, FLAGS.model_dir, use_ema)
-    metrics = evaluate(estimator, input_fn, checkpoint, total)
-    if FLAGS.max_steps and metrics["global_step"] >= FLAGS.max_steps:
-      break
-  if metrics is None:
-    raise RuntimeError(f"No checkpoint appeared in {FLAGS.model_dir} within "
-                       f"{FLAGS.timeout_secs} s.")
-  print(format_metrics(metrics))
+    return evaluate(estimator, input_fn, checkpoint, total)
+
+  metrics = evaluation.evaluate_checkpoints(
+      evaluate_checkpoint, FLAGS.model_dir, FLAGS.max_steps,
+      FLAGS.timeout_secs, once=FLAGS.once, require_max_steps=False)
+  print(evaluation.format_metrics(metrics))
 
 
 if __name__ == "__main__":

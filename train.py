@@ -26,11 +26,11 @@ from typing import Optional
 from absl import app
 from absl import flags
 from absl import logging
-import numpy as np
 import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import cluster
+from estimator_multigpu import evaluation
 from estimator_multigpu import hooks
 from estimator_multigpu import scaling
 from estimator_multigpu.cluster import job_control
@@ -146,11 +146,12 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
   num_towers = len(towers.devices) * trainers
 
   def progress(spec):
-    report = [scaling.ScalingReportHook(examples_per_step, num_towers,
-                                        every_n_steps=log_every_n_steps)]
-    return [hooks.ProgressHook(spec.loss, examples_per_step, num_towers,
-                               max_steps, log_every_n_steps, model_dir),
-            *(report if scaling_report else [])]
+    progress_hook = hooks.ProgressHook(spec.loss, examples_per_step,
+                                       num_towers, max_steps,
+                                       log_every_n_steps, model_dir)
+    if not scaling_report:
+      return [progress_hook]
+    return [progress_hook, scaling.ScalingReportHook(progress_hook)]
 
   return hooks.with_training_hooks(wrapped, progress)
 
@@ -260,10 +261,10 @@ def evaluate(estimator: tf.estimator.Estimator, image_size: int,
   input_fn = datasets.make_input_fn(
       FLAGS.dataset_name, "eval", FLAGS.batch_size, image_size=image_size,
       data_dir=FLAGS.dataset_dir, num_classes=num_classes)
-  metrics = cluster.evaluate_checkpoints(estimator, input_fn, FLAGS.max_steps,
-                                         FLAGS.eval_timeout_secs)
-  print(" ".join(f"{k}={v:.4f}" if isinstance(v, (float, np.floating)) else
-                 f"{k}={v}" for k, v in sorted(metrics.items())))
+  metrics = evaluation.evaluate_checkpoints(
+      lambda path: estimator.evaluate(input_fn, checkpoint_path=path),
+      estimator.model_dir, FLAGS.max_steps, FLAGS.eval_timeout_secs)
+  print(evaluation.format_metrics(metrics))
 
 
 def run(task: Optional[cluster.Task]) -> int:

@@ -1,8 +1,11 @@
 """Training hooks: progress, throughput summaries, non-finite losses, signals.
 
-- `ProgressHook` logs, every N steps, the step, loss, learning rate, examples
-  per second (global and per tower) and the time left, and writes
-  `examples_per_sec` and `examples_per_sec_per_tower` summaries.
+- `ProgressHook` measures the throughput once per window of N global steps
+  (`Throughput`) and logs the step, loss, learning rate, examples per second
+  (global and per tower) and the time left, and writes `examples_per_sec`
+  and `examples_per_sec_per_tower` summaries. It is the one source of every
+  examples/sec figure: listeners, such as the scaling report
+  (`scaling.ScalingReportHook`), receive its `Throughput` for the window.
 - `NonFiniteLossHook` stops training with an error naming the step and the
   towers whose loss is NaN or Inf, before anything is saved.
 - `SignalStop` turns SIGTERM / SIGINT into a clean stop, so Estimator writes
@@ -13,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import signal
@@ -27,13 +31,70 @@ from estimator_multigpu import specs
 tf1 = tf.compat.v1
 
 
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+  """The examples per second of one window of global steps.
+
+  A global step is one update: on a cluster of asynchronous workers, one
+  worker's batch; `global_batch_size` is the examples it stands for.
+  """
+  step: int                # global step read at the window's end.
+  steps: int               # global steps in the window.
+  seconds: float           # wall-clock seconds of the window.
+  global_batch_size: int   # examples per global step.
+  num_towers: int
+
+  @property
+  def steps_per_sec(self) -> float:
+    return self.steps / self.seconds
+
+  @property
+  def examples_per_sec(self) -> float:
+    return self.steps_per_sec * self.global_batch_size
+
+  @property
+  def examples_per_sec_per_tower(self) -> float:
+    return self.examples_per_sec / self.num_towers
+
+  @property
+  def ms_per_step(self) -> float:
+    return 1000.0 * self.seconds / self.steps
+
+
+# Called as listener(throughput, run_metadata) at the end of each window.
+ThroughputListener = Callable[[Throughput, tf1.RunMetadata], None]
+
+
 class ProgressHook(tf1.train.SessionRunHook):
-  """Logs step, loss, learning rate, examples/sec and ETA every N steps."""
+  """Logs step, loss, learning rate, examples/sec and ETA every N steps.
+
+  The first run starts the clock; a window ends at the first run whose
+  global step is at least `every_n_steps` past the window's start.
+  """
 
   def __init__(self, loss: tf.Tensor, global_batch_size: int,
                num_towers: int, max_steps: Optional[int], every_n_steps: int,
                output_dir: Optional[str] = None,
                learning_rate_name: str = "current_learning_rate"):
+    """Creates the hook.
+
+    Args:
+      loss: the loss tensor to log (the merged spec's).
+      global_batch_size: examples per global step over all towers.
+      num_towers: how many towers share the global batch.
+      max_steps: the last global step, for the ETA; None: no ETA.
+      every_n_steps: global steps per window (>= 1).
+      output_dir: where to write the throughput summaries; None: only log.
+      learning_rate_name: the op whose value is logged as the learning rate.
+
+    Raises:
+      ValueError: a count is below 1.
+    """
+    for name, value in (("global_batch_size", global_batch_size),
+                        ("num_towers", num_towers),
+                        ("every_n_steps", every_n_steps)):
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be an int >= 1; got {value!r}.")
     self._loss = loss
     self._global_batch_size = global_batch_size
     self._num_towers = num_towers
@@ -41,7 +102,38 @@ class ProgressHook(tf1.train.SessionRunHook):
     self._every_n_steps = every_n_steps
     self._output_dir = output_dir
     self._learning_rate_name = learning_rate_name
-    self._last: Optional[tuple] = None  # (step, time)
+    self._listeners: list = []
+    self._start: Optional[tuple] = None  # (step, time) of the window's start.
+    self._step: Optional[int] = None  # the global step read last.
+    self._increment = 1  # how far the global step moved in the last run.
+
+  @property
+  def global_batch_size(self) -> int:
+    return self._global_batch_size
+
+  @property
+  def num_towers(self) -> int:
+    return self._num_towers
+
+  def add_listener(self, listener: ThroughputListener) -> None:
+    """Calls `listener(throughput, run_metadata)` at the end of each window.
+
+    After this hook's own line; `run_metadata` is the one of the run that
+    ended the window (with a trace when a hook asked for one).
+    """
+    self._listeners.append(listener)
+
+  def next_run_may_end_window(self) -> bool:
+    """Whether the next run is expected to end the current window.
+
+    Expects the global step to move as far as in the last run: one step per
+    run locally, more on a cluster whose workers update asynchronously.
+    False before the first run, which only starts the clock.
+    """
+    if self._start is None:
+      return False
+    return self._step + self._increment - self._start[0] >= (
+        self._every_n_steps)
 
   def begin(self):
     graph = tf1.get_default_graph()
@@ -52,6 +144,7 @@ class ProgressHook(tf1.train.SessionRunHook):
                            if name in names else tf.constant(float("nan")))
     self._writer = (tf1.summary.FileWriterCache.get(self._output_dir)
                     if self._output_dir else None)
+    self._start, self._step, self._increment = None, None, 1
 
   def before_run(self, run_context):
     return tf1.train.SessionRunArgs(
@@ -60,30 +153,36 @@ class ProgressHook(tf1.train.SessionRunHook):
   def after_run(self, run_context, run_values):
     step, loss, rate = run_values.results
     now = time.monotonic()
-    if self._last is None:
-      self._last = (step, now)
+    if self._step is not None:
+      self._increment = max(step - self._step, 1)
+    self._step = step
+    if self._start is None:
+      self._start = (step, now)
       return
-    last_step, last_time = self._last
-    if step - last_step < self._every_n_steps:
+    start_step, start_time = self._start
+    if step - start_step < self._every_n_steps:
       return
-    self._last = (step, now)
-    self._report(step, loss, rate, (step - last_step) / (now - last_time))
+    self._start = (step, now)
+    throughput = Throughput(step, step - start_step, now - start_time,
+                            self._global_batch_size, self._num_towers)
+    self._report(throughput, loss, rate)
+    for listener in self._listeners:
+      listener(throughput, run_values.run_metadata)
 
-  def _report(self, step: int, loss: float, rate: float,
-              steps_per_sec: float) -> None:
-    examples = steps_per_sec * self._global_batch_size
-    per_tower = examples / self._num_towers
-    eta = (datetime.timedelta(seconds=round((self._max_steps - step) /
-                                            steps_per_sec))
-           if self._max_steps and steps_per_sec > 0 else "?")
+  def _report(self, throughput: Throughput, loss: float, rate: float) -> None:
+    examples = throughput.examples_per_sec
+    per_tower = throughput.examples_per_sec_per_tower
+    eta = (datetime.timedelta(seconds=round(
+        (self._max_steps - throughput.step) / throughput.steps_per_sec))
+           if self._max_steps else "?")
     logging.info("step %d  loss %.4f  lr %.5g  %.1f examples/sec (%.1f per "
-                 "tower x %d)  ETA %s", step, loss, rate, examples, per_tower,
-                 self._num_towers, eta)
+                 "tower x %d)  ETA %s", throughput.step, loss, rate, examples,
+                 per_tower, self._num_towers, eta)
     if self._writer:
       self._writer.add_summary(tf1.Summary(value=[
           tf1.Summary.Value(tag="examples_per_sec", simple_value=examples),
           tf1.Summary.Value(tag="examples_per_sec_per_tower",
-                            simple_value=per_tower)]), step)
+                            simple_value=per_tower)]), throughput.step)
 
 
 HookFactory = Callable[[tf.estimator.EstimatorSpec], list]

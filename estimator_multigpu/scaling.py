@@ -2,43 +2,57 @@
 
 `ScalingReportHook` answers the question behind "N GPUs are slower than one":
 is the run limited by the devices, by the input pipeline, or by a per-tower
-batch too small to keep a device busy? Every `every_n_steps` steps it logs
+batch too small to keep a device busy? At the end of each window of a
+`hooks.ProgressHook` it logs
 
-    scaling: step 201: 1843.2 examples/sec (460.8 per tower x 4 towers,
+    scaling: step 200: 1843.2 examples/sec (460.8 per tower x 4 towers,
     global batch 256, 138.9 ms/step over 100 steps); input wait 41%
     (IteratorGetNext 57.1 ms of a 138.9 ms traced step)
 
 and a WARNING with a concrete fix when the run is input-bound or the
-per-tower batch is small. Use it with any Estimator, wrapped or not:
+per-tower batch is small. It measures no time itself: the examples/sec and
+ms/step are the `Throughput` the progress hook measured for the same window
+(and logged on the line before), so the logs and TensorBoard show one
+number. Give it the progress hook and pass both to Estimator:
 
-    from estimator_multigpu import scaling
-    hook = scaling.ScalingReportHook(global_batch_size=256, num_towers=4)
-    estimator.train(input_fn, max_steps=10000, hooks=[hook])
+    from estimator_multigpu import hooks, scaling
 
-How the input wait is measured: once per reporting period (its last step, so
-a prefetch buffer filled during start-up is drained by then; never the first
-step of training, whose input includes pipeline start-up) the hook asks for a
-`FULL_TRACE` of one step through `SessionRunArgs(options=...)`, which works
-inside Estimator's MonitoredSession like `ProfilerHook`. In the returned
-`step_stats`, the input op (`IteratorGetNext`, or a queue dequeue when the
-input_fn returns queue-fed tensors) runs from when the step asks for the next
-batch until the pipeline hands it over, so its wall time is the time the step
-waited for input; the traced step's wall time is the span from its first op
-start to its last op end. The share is the longest input op over that span.
-Every other step is untraced, so the examples/sec (steps x global batch /
-wall-clock seconds between reports) is what the run really achieves. One
-traced step is a sample: a pipeline that stalls now and then shows up in some
-reports and not in others.
+    def make_hooks(spec):
+      progress = hooks.ProgressHook(spec.loss, global_batch_size=256,
+                                    num_towers=4, max_steps=10000,
+                                    every_n_steps=100)
+      return [progress, scaling.ScalingReportHook(progress)]
+
+    estimator = tf.estimator.Estimator(
+        hooks.with_training_hooks(emg.multi_gpu(model_fn), make_hooks))
+
+How the input wait is measured: in each window, the hook traces one step,
+the one expected to end the window (so a prefetch buffer filled during
+start-up is drained by then; never the first step of training, whose input
+includes pipeline start-up), through `SessionRunArgs(options=...)` with a
+`SOFTWARE_TRACE`: the executor's own step stats, without starting the
+profiler (which logs five lines per trace). A distributed session (a cluster
+task's) returns step stats for a `FULL_TRACE` only, so there the hook asks
+for that. In the returned `step_stats`, the input op (`IteratorGetNext`, or
+a queue dequeue when the input_fn returns queue-fed tensors) runs from when
+the step asks for the next batch until the pipeline hands it over, so its
+wall time is the time the step waited for input; the traced step's wall
+time is the span from its first op start to its last op end. The share is
+the longest input op over that span. Every other step is untraced, so the
+window's throughput is what the run really achieves. One traced step is a
+sample: a pipeline that stalls now and then shows up in some reports and
+not in others.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Optional
 
 from absl import logging
 import tensorflow as tf
+
+from estimator_multigpu import hooks
 
 tf1 = tf.compat.v1
 
@@ -63,25 +77,9 @@ class InputWait:
 
 @dataclasses.dataclass(frozen=True)
 class ScalingReport:
-  """One reporting period of `ScalingReportHook`."""
-  step: Optional[int]          # global step read during the reporting step.
-  steps: int                   # steps run in the period.
-  seconds: float               # wall-clock seconds of the period.
-  global_batch_size: int
-  num_towers: int
+  """One window of `ScalingReportHook`: the progress hook's throughput."""
+  throughput: hooks.Throughput
   input_wait: Optional[InputWait]
-
-  @property
-  def examples_per_sec(self) -> float:
-    return self.steps * self.global_batch_size / self.seconds
-
-  @property
-  def examples_per_sec_per_tower(self) -> float:
-    return self.examples_per_sec / self.num_towers
-
-  @property
-  def ms_per_step(self) -> float:
-    return 1000.0 * self.seconds / self.steps
 
 
 def input_wait_from_step_stats(step_stats, input_ops: frozenset
@@ -128,7 +126,7 @@ def input_bound_advice(report: ScalingReport) -> str:
 
 
 class ScalingReportHook(tf1.train.SessionRunHook):
-  """Logs examples/sec (global and per tower) and the input-wait share.
+  """Logs the input-wait share with the progress hook's examples/sec.
 
   See the module docstring for how the input wait is measured. WARNINGs:
   once at the start when the per-tower batch is below `min_per_tower_batch`
@@ -136,97 +134,100 @@ class ScalingReportHook(tf1.train.SessionRunHook):
   `input_bound_share` of its time.
   """
 
-  def __init__(self, global_batch_size: int, num_towers: int,
-               every_n_steps: int = 100,
+  def __init__(self, progress: hooks.ProgressHook,
                input_bound_share: float = INPUT_BOUND_SHARE,
                min_per_tower_batch: int = MIN_PER_TOWER_BATCH_GPU,
                on_gpu: Optional[bool] = None):
-    """Creates the hook.
+    """Creates the hook and makes it a listener of `progress`.
 
     Args:
-      global_batch_size: examples per step over all towers.
-      num_towers: how many towers share the global batch.
-      every_n_steps: steps between two reports (>= 1).
+      progress: the hook that measures the throughput and decides the
+        windows (its global batch and tower count are the report's); pass
+        both hooks to the same `train` call.
       input_bound_share: warn when the input wait is above this share.
       min_per_tower_batch: warn when the per-tower batch is below this.
       on_gpu: whether the towers are GPUs (the small-batch warning is for
         GPUs); None: whether TensorFlow sees a GPU.
 
     Raises:
-      ValueError: a count is below 1 or the share is outside (0, 1).
+      ValueError: the share is outside (0, 1).
     """
-    for name, value in (("global_batch_size", global_batch_size),
-                        ("num_towers", num_towers),
-                        ("every_n_steps", every_n_steps)):
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be an int >= 1; got {value!r}.")
     if not 0.0 < input_bound_share < 1.0:
       raise ValueError(f"`input_bound_share` is {input_bound_share}; "
                        "expected a number in (0, 1), e.g. 0.3.")
-    self._global_batch_size = global_batch_size
-    self._num_towers = num_towers
-    self._every_n_steps = every_n_steps
+    self._progress = progress
     self._input_bound_share = input_bound_share
     self._min_per_tower_batch = min_per_tower_batch
     self._on_gpu = on_gpu
+    self._input_ops = frozenset()
+    self._reset()
     self.reports: list = []  # every ScalingReport logged, oldest first.
+    progress.add_listener(self._report_window)
 
   def begin(self):
     graph = tf1.get_default_graph()
     self._input_ops = frozenset(op.name for op in graph.get_operations()
                                 if op.type in INPUT_OP_TYPES)
-    self._global_step = tf1.train.get_global_step()
-    self._steps, self._start, self._wait = 0, None, None
+    self._reset()
     on_gpu = (self._on_gpu if self._on_gpu is not None
               else bool(tf.config.list_physical_devices("GPU")))
-    advice = per_tower_batch_advice(self._global_batch_size,
-                                    self._num_towers,
+    advice = per_tower_batch_advice(self._progress.global_batch_size,
+                                    self._progress.num_towers,
                                     self._min_per_tower_batch)
     if on_gpu and advice:
       logging.warning(advice)
 
-  def _traces(self, step: int) -> bool:
-    """The last step of each period (the reporting one), never the first."""
-    return step > 1 and (step - 1) % self._every_n_steps == 0
+  def _reset(self) -> None:
+    self._trace_level = tf1.RunOptions.SOFTWARE_TRACE
+    self._runs = 0  # runs of this session.
+    self._traced = False  # whether the current run is traced.
+    self._reported_run = 0  # the run whose window was reported last.
+    self._wait: Optional[InputWait] = None  # traced earlier in the window.
+
+  def after_create_session(self, session, coord):
+    # A distributed (grpc) session returns step stats for a FULL_TRACE only.
+    self._trace_level = (tf1.RunOptions.FULL_TRACE if session.sess_str else
+                         tf1.RunOptions.SOFTWARE_TRACE)
 
   def before_run(self, run_context):
-    self._steps += 1
-    fetches = {"step": self._global_step} if self._global_step is not None \
-        else {}
-    if not self._traces(self._steps) or not self._input_ops:
-      return tf1.train.SessionRunArgs(fetches)
-    return tf1.train.SessionRunArgs(fetches, options=tf1.RunOptions(
-        trace_level=tf1.RunOptions.FULL_TRACE))
+    self._runs += 1
+    self._traced = (bool(self._input_ops) and
+                    self._progress.next_run_may_end_window())
+    if not self._traced:
+      return None
+    return tf1.train.SessionRunArgs(None, options=tf1.RunOptions(
+        trace_level=self._trace_level))
 
   def after_run(self, run_context, run_values):
-    now = time.perf_counter()
-    if self._traces(self._steps) and run_values.run_metadata is not None:
-      self._wait = input_wait_from_step_stats(
-          run_values.run_metadata.step_stats, self._input_ops) or self._wait
-    if self._start is None:
-      self._start = (self._steps, now)
-      return
-    if (self._steps - 1) % self._every_n_steps == 0:
-      first, started = self._start
-      self._report(ScalingReport(
-          (run_values.results or {}).get("step"), self._steps - first,
-          now - started, self._global_batch_size, self._num_towers,
-          self._wait))
-      self._start, self._wait = (self._steps, now), None
+    # A traced run that did not end a window (the global step moved less
+    # than expected): keep its sample for the window's report.
+    if self._traced and self._reported_run != self._runs:
+      self._wait = self._input_wait(run_values.run_metadata) or self._wait
+
+  def _input_wait(self, run_metadata) -> Optional[InputWait]:
+    return input_wait_from_step_stats(run_metadata.step_stats,
+                                      self._input_ops)
+
+  def _report_window(self, throughput: hooks.Throughput,
+                     run_metadata) -> None:
+    """The progress hook's listener: one report per window."""
+    wait = (self._input_wait(run_metadata) if self._traced else None
+            ) or self._wait
+    self._reported_run, self._wait = self._runs, None
+    self._report(ScalingReport(throughput, wait))
 
   def _report(self, report: ScalingReport) -> None:
     self.reports.append(report)
-    wait = report.input_wait
+    throughput, wait = report.throughput, report.input_wait
     wait_text = ("input wait n/a (no input op traced)" if wait is None else
                  f"input wait {100 * wait.share:.0f}% ({wait.op_name} "
                  f"{wait.input_ms:.1f} ms of a {wait.step_ms:.1f} ms traced "
                  "step)")
     logging.info(
-        "scaling: step %s: %.1f examples/sec (%.1f per tower x %d towers, "
-        "global batch %d, %.1f ms/step over %d steps); %s",
-        report.step if report.step is not None else "?",
-        report.examples_per_sec, report.examples_per_sec_per_tower,
-        report.num_towers, report.global_batch_size, report.ms_per_step,
-        report.steps, wait_text)
+        "scaling: step %d: %.1f examples/sec (%.1f per tower x %d towers, "
+        "global batch %d, %.1f ms/step over %d steps); %s", throughput.step,
+        throughput.examples_per_sec, throughput.examples_per_sec_per_tower,
+        throughput.num_towers, throughput.global_batch_size,
+        throughput.ms_per_step, throughput.steps, wait_text)
     if wait is not None and wait.share > self._input_bound_share:
       logging.warning(input_bound_advice(report))

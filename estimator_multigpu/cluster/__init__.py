@@ -1,7 +1,8 @@
 """Several machines on TensorFlow's own distributed runtime (ps/worker).
 
 - `task`: which task this process runs (`Task`, from flags or TF_CONFIG), its
-  server and session config, the evaluator's checkpoint loop.
+  server and session config (the evaluator's checkpoint loop is
+  `estimator_multigpu.evaluation`).
 - `job_control`: how a job starts and ends (waiting for the ps and the chief,
   reporting to the ps, the ps watchdog, `run_trainer`).
 - `launch`: `python -m estimator_multigpu.cluster.launch` starts a whole job
@@ -17,7 +18,6 @@ from estimator_multigpu.cluster.task import TASK_TYPES
 from estimator_multigpu.cluster.task import WORKER
 from estimator_multigpu.cluster.task import Task
 from estimator_multigpu.cluster.task import check_task
-from estimator_multigpu.cluster.task import evaluate_checkpoints
 from estimator_multigpu.cluster.task import exit_process
 from estimator_multigpu.cluster.task import resolve_task
 from estimator_multigpu.cluster.task import server_config
@@ -27,6 +27,6 @@ from estimator_multigpu.cluster.task import task_from_flags
 from estimator_multigpu.cluster.task import task_from_tf_config
 
 __all__ = ["CHIEF", "EVALUATOR", "PS", "TASK_TYPES", "WORKER", "Task",
-           "check_task", "evaluate_checkpoints", "exit_process",
-           "resolve_task", "server_config", "session_config", "start_server",
-           "task_from_flags", "task_from_tf_config"]
+           "check_task", "exit_process", "resolve_task", "server_config",
+           "session_config", "start_server", "task_from_flags",
+           "task_from_tf_config"]

@@ -18,7 +18,8 @@ This module: which task this process runs and how its server starts.
     itself only.
   - `exit_process`: a task's process can hang in TensorFlow's teardown of
     its server; tasks flush their files and leave at once.
-  - `evaluate_checkpoints`: the evaluator's loop.
+The evaluator task runs `estimator_multigpu.evaluation.evaluate_checkpoints`,
+the loop eval.py runs too.
 
 How a job starts and ends (waiting for the ps and the chief, reporting to
 the ps, `SyncReplicasOptimizer`'s shutdown) is `job_control`.
@@ -223,26 +224,3 @@ def exit_process(status: int) -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(status)  # pylint: disable=protected-access
-
-
-def evaluate_checkpoints(estimator: tf.estimator.Estimator, input_fn,
-                         max_steps: Optional[int],
-                         timeout_secs: float) -> dict:
-  """Evaluates each new checkpoint until one is at or past `max_steps`.
-
-  Raises:
-    TimeoutError: no new checkpoint for `timeout_secs` before that.
-  """
-  metrics = None
-  for checkpoint in tf.train.checkpoints_iterator(estimator.model_dir,
-                                                  timeout=timeout_secs):
-    metrics = estimator.evaluate(input_fn, checkpoint_path=checkpoint)
-    logging.info("Evaluated %s: %s", checkpoint, metrics)
-    if max_steps is None or metrics["global_step"] >= max_steps:
-      return metrics
-  last = "none" if metrics is None else f"step {metrics['global_step']}"
-  raise TimeoutError(
-      f"No new checkpoint appeared in {estimator.model_dir} for "
-      f"{timeout_secs:g} s (last evaluated: {last}; waiting for step "
-      f"{max_steps}). Check that the chief is running and writes to this "
-      "model_dir, or wait longer.")

@@ -166,6 +166,7 @@ print(json.dumps({"out": out, "devices": sorted(devices), "towers": towers}))
 """
 
 
+@pytest.mark.slow
 def test_export_from_4_towers_serves_on_one_cpu(checkpoint_dir,
                                                 session_config, tmp_path):
   estimator = make_estimator(4, checkpoint_dir, session_config)

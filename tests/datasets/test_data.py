@@ -385,6 +385,7 @@ def test_converter_errors(image_folder, tmp_path):
     convert.convert_image_folder(image_dir, str(tmp_path / 'out2'))
 
 
+@pytest.mark.slow
 def test_converter_command_line(image_folder, tmp_path):
   image_dir, _ = image_folder
   out_dir = str(tmp_path / 'cli')

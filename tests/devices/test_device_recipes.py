@@ -94,6 +94,7 @@ def _json(run):
   return json.loads(stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_cli_lists_the_virtual_cpus_and_says_there_is_no_gpu(runs):
   returncode, stdout, stderr = runs["cli"]
   assert returncode == 0, stderr
@@ -105,6 +106,7 @@ def test_cli_lists_the_virtual_cpus_and_says_there_is_no_gpu(runs):
   assert "Aggregation device: /cpu:0\n  why: one tower" in stdout
 
 
+@pytest.mark.slow
 def test_pinning_before_tensorflow_lists_gpus_works(runs):
   result = _json(runs["pin"])
   assert result["reason_at_start"] is None
@@ -115,6 +117,7 @@ def test_pinning_before_tensorflow_lists_gpus_works(runs):
   assert "listed the physical devices" in result["reason_after"]
 
 
+@pytest.mark.slow
 def test_pinning_after_tensorflow_initialised_is_a_clear_error(runs):
   result = _json(runs["late"])
   assert result["order"] == "PCI_BUS_ID"  # nvidia-smi's numbering.

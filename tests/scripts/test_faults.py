@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+pytestmark = pytest.mark.slow  # every test starts train.py.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = [sys.executable, os.path.join(ROOT, "train.py"), "--model_name=mlp",
          "--log_every_n_steps=20", "--save_summary_steps=1000"]

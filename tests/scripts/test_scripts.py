@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator_multigpu import evaluation
+
 import common_flags
 import eval as eval_script
 import train
@@ -90,7 +92,7 @@ def test_train_then_evaluate_in_process(tmp_path):
   metrics = eval_script.evaluate(evaluator, input_fn, checkpoint, 6)
   assert metrics["global_step"] == 20
   assert 0.0 <= metrics["accuracy"] <= 1.0 and "top_5" in metrics
-  line = eval_script.format_metrics(metrics)
+  line = evaluation.format_metrics(metrics)
   assert line.startswith("accuracy=") and " global_step=20 " in line
 
 
@@ -110,6 +112,7 @@ def run_script(script, *args):
   return result
 
 
+@pytest.mark.slow
 def test_train_then_eval_as_subprocesses(tmp_path):
   model_dir = str(tmp_path / "run")
   common = ["--model_name=mlp", f"--model_dir={model_dir}", "--max_steps=30"]
