@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.python.util import function_utils  # pylint: disable=g-direct-tensorflow-import
@@ -32,6 +32,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               clip_gradients_by_norm: Optional[float] = None,
               use_ema_weights: bool = True,
               variable_update: str = "shared",
+              unsplit_features: Sequence[str] = (),
               ps_device: Optional[str] = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
@@ -128,6 +129,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       devices=devices, loss_reduction=loss_reduction, ema_decay=ema_decay,
       clip_gradients_by_norm=clip_gradients_by_norm,
       use_ema_weights=use_ema_weights, variable_update=variable_update,
+      unsplit_features=unsplit_features,
       aggregation_device=options_lib.aggregation_device_option(
           aggregation_device, ps_device))
   if model_fn is None:
@@ -156,6 +158,8 @@ def call_model_fn(model_fn, features, labels, mode, params, config):
             if name in accepted}
   spec = model_fn(features, labels, **kwargs) if "labels" in accepted else (
       model_fn(features, **kwargs))
+  if hasattr(spec, "as_estimator_spec"):  # TPUEstimatorSpec (Google BERT).
+    spec = spec.as_estimator_spec()
   if not isinstance(spec, tf.estimator.EstimatorSpec):
     raise TypeError(
         f"The model_fn returned {type(spec).__name__} ({spec!r:.80}); "
@@ -195,7 +199,9 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       spec = call_model_fn(model_fn, features, labels, mode, params, config)
     specs_lib.publish_losses(spec.loss, [])
     return _with_ema(spec, mode, options, plan.aggregation_device, config)
-  split = splitting.split_batch(features, labels, plan.num_towers)
+  split = splitting.split_batch(
+      features, labels, plan.num_towers, unsplit=options.unsplit_features,
+      require_examples=mode in (ModeKeys.TRAIN, ModeKeys.EVAL))
   plan_lib.log_plan(plan, split, mode)
   strategy = strategies.make_strategy(plan)
   towers = towers_lib.build_towers(
@@ -218,7 +224,10 @@ def _train_op(towers: list, strategy: strategies.VariableStrategy,
         "The model_fn's train_op does not come from a `TowerOptimizer`; "
         f"with {len(towers)} towers an unwrapped optimizer would apply "
         f"{len(towers)} separate updates per step (and clipping needs it). "
-        "Wrap it: opt = estimator_multigpu.TowerOptimizer(opt).")
+        "Wrap it: opt = estimator_multigpu.TowerOptimizer(opt). With "
+        "tf_slim.optimize_loss, pass optimizer=lambda lr: "
+        "TowerOptimizer(tf.compat.v1.train.GradientDescentOptimizer(lr)) "
+        "(or another optimizer) instead of a name such as 'SGD'.")
   apply_ops = strategy.apply_gradients(towers, options.clip_gradients_by_norm)
   specs_lib.summarize_tower_losses(towers)
   return specs_lib.merged_train_op(towers, apply_ops)
