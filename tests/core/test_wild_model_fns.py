@@ -16,6 +16,7 @@ import tf_slim as slim
 
 import estimator_multigpu as emg
 from estimator_multigpu import gradients as gradients_lib
+import bert_like
 import harness
 
 tf1 = tf.compat.v1
@@ -327,3 +328,64 @@ def test_clip_by_global_norm_in_the_model_fn_warns_once(session_config,
               if "clip_by_global_norm" in r.getMessage()]
   assert len(warnings) == 1  # once, not once per tower.
   assert "pass multi_gpu(..., clip_gradients_by_norm=" in warnings[0]
+
+
+# A BERT-style model_fn (tests/bert_like.py): tf.gradients, clipping, an
+# AdamWeightDecay optimizer that leaves global_step alone, a hand-incremented
+# step, and a TPUEstimatorSpec.
+def bert_model_fn(**params):
+  return lambda features, labels, mode: bert_like.model_fn(
+      features, labels, mode, params)
+
+
+@pytest.mark.parametrize("num_towers", TOWERS)
+def test_bert_style_model_fn(num_towers, session_config):
+  # BERT clips at 1.0; a loose clip keeps the ops but never binds, so the
+  # towers must match one device exactly (a binding clip: next test).
+  got = assert_exact(bert_model_fn(clip_norm=1e6), num_towers,
+                     session_config, bert_like.features(BATCH), None)
+  assert got["global_step"] == 3
+  assert "bert/embeddings/word_embeddings/adam_m" in got
+
+
+@pytest.mark.parametrize("num_towers", [3])
+def test_bert_clipping_moved_to_the_wrapper_is_exact(num_towers,
+                                                     session_config):
+  features = bert_like.features(BATCH)
+  want, _ = harness.train(bert_model_fn(clip_norm=0.05), features, None, 3,
+                          session_config)
+  unclipped, _ = harness.train(bert_model_fn(), features, None, 3,
+                               session_config)
+  got, _ = harness.train(bert_model_fn(), features, None, 3, session_config,
+                         num_towers=num_towers, clip_gradients_by_norm=0.05)
+  # The clip binds: without it one device ends elsewhere.
+  assert np.max(np.abs(unclipped["output_bias"] - want["output_bias"])) > 1e-3
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], atol=1e-5,
+                               err_msg=name)
+
+
+def evaluate(model_fn, features, session_config):
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    spec = harness.call(model_fn, tf.nest.map_structure(tf.constant, features),
+                        None, "eval", session_config)
+    if hasattr(spec, "as_estimator_spec"):  # as TPUEstimator(use_tpu=False).
+      spec = spec.as_estimator_spec()
+    with tf1.Session(config=session_config) as session:
+      session.run([tf1.global_variables_initializer(),
+                   tf1.local_variables_initializer()])
+      session.run({k: u for k, (_, u) in spec.eval_metric_ops.items()})
+      return session.run({k: v for k, (v, _) in spec.eval_metric_ops.items()})
+
+
+@pytest.mark.parametrize("num_towers", TOWERS)
+def test_bert_style_eval_metrics_cover_every_shard(num_towers,
+                                                   session_config):
+  features = bert_like.features(BATCH, seed=1)
+  want = evaluate(bert_model_fn(), features, session_config)
+  got = evaluate(emg.multi_gpu(bert_model_fn(), devices=harness.cpu_devices(
+      num_towers)), features, session_config)
+  assert sorted(got) == ["eval_accuracy", "eval_loss"]
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5)
