@@ -45,7 +45,14 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
 
   Rules the `model_fn` must follow:
     1. Wrap every optimizer in `TowerOptimizer` (an unwrapped one is an error
-       with more than one tower). Call it the same way in every tower.
+       with more than one tower). Call it the same way in every tower. Its
+       `apply_gradients` weights whatever gradients it gets, once: from
+       `minimize`, either optimizer's `compute_gradients`, `tf.gradients`,
+       or your own code. A custom `tf.compat.v1.train.Optimizer` (BERT's
+       AdamWeightDecay) and a hand-incremented `global_step` (tower 0's
+       train_op runs once per step) work; `TowerOptimizer(TowerOptimizer(
+       opt))` is `TowerOptimizer(opt)`. With `tf_slim.optimize_loss`, pass
+       `optimizer=lambda lr: TowerOptimizer(...)`, not a name.
     2. With `loss_reduction="mean"` (default) the loss must be a mean over
        the tower's examples, plus any batch-independent terms such as weight
        decay; with `"sum"` it must be a sum over them (a batch-independent
@@ -57,13 +64,23 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     4. Batch-norm statistics inside a tower come from that tower's shard; the
        UPDATE_OPS of tower 0 run once per step (towers 1.. are not run, so
        control dependencies around the optimizer call are dropped in towers
-       1..). The combined update runs with tower 0's train_op; other control
-       dependencies on the returned train_op are not ordered after it.
-    5. Gradient clipping written inside the `model_fn` clips each tower's
-       share of the gradient; use `clip_gradients_by_norm` for the
-       single-device clip of the combined gradient.
+       1..). Tower 0 gets an example whenever the batch has one, so the
+       moving averages never come from an empty shard. The combined update
+       runs with tower 0's train_op; other control dependencies on the
+       returned train_op are not ordered after it.
+    5. Gradient clipping written inside the `model_fn` (BERT's
+       `tf.clip_by_global_norm`) clips each tower's own gradient before the
+       towers are combined, and warns once; for the single-device clip of
+       the combined gradient remove it and pass `clip_gradients_by_norm`.
     6. Streaming metrics must have additive state (totals, counts, confusion
        counts: every `tf.compat.v1.metrics` function qualifies).
+    7. Inputs: every feature and label is cut along axis 0, except the
+       feature keys named in `unsplit_features`, which every tower gets
+       whole. `tf.RaggedTensor` inputs and a global batch of 0 examples in
+       TRAIN or EVAL are errors; every prediction needs a batch dimension.
+    8. The model_fn returns an `EstimatorSpec`, or a `TPUEstimatorSpec`
+       (converted with `as_estimator_spec()`, as `TPUEstimator(use_tpu=False)`
+       does).
 
   Shared and per tower: variables, optimizer slots, metric state, hooks and
   the scaffold exist once; ops, shards and batch statistics are per tower.
@@ -114,6 +131,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     variable_update: how towers share variables and combine gradients
       (`strategies`): "shared" (one copy on the aggregation device, like
       tf_cnn_benchmarks' `parameter_server`).
+    unsplit_features: keys of the features dict that are not batch-major
+      (a vocabulary, a lookup table): every tower gets them whole.
     ps_device: the old name of `aggregation_device` (warns once).
 
   Returns:
