@@ -64,8 +64,10 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     4. Batch-norm statistics inside a tower come from that tower's shard; the
        UPDATE_OPS of tower 0 run once per step (towers 1.. are not run, so
        control dependencies around the optimizer call are dropped in towers
-       1..). Tower 0 gets an example whenever the batch has one, so the
-       moving averages never come from an empty shard. The combined update
+       1..; compute gradients with `tf.gradients` outside a
+       `tf.control_dependencies(update_ops)` block, or towers 1..'s updates
+       would run too). Tower 0 gets an example whenever the batch has one,
+       so the moving averages never come from an empty shard. The combined update
        runs with tower 0's train_op; other control dependencies on the
        returned train_op are not ordered after it.
     5. Gradient clipping written inside the `model_fn` (BERT's
