@@ -67,9 +67,9 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
        1..; compute gradients with `tf.gradients` outside a
        `tf.control_dependencies(update_ops)` block, or towers 1..'s updates
        would run too). Tower 0 gets an example whenever the batch has one,
-       so the moving averages never come from an empty shard. The combined update
-       runs with tower 0's train_op; other control dependencies on the
-       returned train_op are not ordered after it.
+       so the moving averages never come from an empty shard. The combined
+       update runs with tower 0's train_op; other control dependencies on
+       the returned train_op are not ordered after it.
     5. Gradient clipping written inside the `model_fn` (BERT's
        `tf.clip_by_global_norm`) clips each tower's own gradient before the
        towers are combined, and warns once; for the single-device clip of

@@ -130,7 +130,7 @@ def encoder(input_ids, input_mask):
 
 
 def model_fn(features, labels, mode, params):
-  """`run_classifier.model_fn_builder`'s model_fn; returns a TPUEstimatorSpec."""
+  """BERT `run_classifier.model_fn_builder`'s model_fn: a TPUEstimatorSpec."""
   del labels
   pooled = encoder(features["input_ids"], features["input_mask"])
   output_weights = tf1.get_variable(
