@@ -1,12 +1,16 @@
 """Gradients: `TowerOptimizer` records each tower's, the plan combines them.
 
-Inside a tower, `TowerOptimizer.compute_gradients` scales the tower's
-gradients by its share of the global batch (through the scalar loss when the
-share is known at graph build), and `apply_gradients` only records
-them. Once every tower is built, `apply_tower_gradients` sums the recorded
-gradients per variable on the aggregation device (`IndexedSlices` stay sparse,
-`None` is skipped), optionally clips them by global norm, and applies them once
-with the wrapped optimizer, so `global_step` moves once per step.
+Inside a tower, `TowerOptimizer.apply_gradients` (and so `minimize`) records
+the gradients it is given, scaled by the tower's share of the global batch,
+and returns a no-op. The scaling happens there, whatever computed the
+gradients: `TowerOptimizer.compute_gradients`, the wrapped optimizer's,
+`tf.gradients`, a custom path, clipped or not. So a tower's gradients count
+once, with the right weight; clipping inside the model_fn clips each tower's
+own (mean) gradient before it is weighted. Once every tower is built,
+`apply_tower_gradients` sums the recorded gradients per variable on the
+aggregation device (`IndexedSlices` stay sparse, `None` is skipped),
+optionally clips them by global norm, and applies them once with the wrapped
+optimizer, so `global_step` moves once per step.
 """
 
 from __future__ import annotations
@@ -48,8 +52,12 @@ class TowerOptimizer(tf1.train.Optimizer):
         gradients applied (the combined ones, with several towers).
 
     Raises:
-      TypeError: `optimizer` is not a `tf.compat.v1.train.Optimizer`.
+      TypeError: `optimizer` is not a `tf.compat.v1.train.Optimizer` (a
+        `TowerOptimizer` is unwrapped: wrapping twice is wrapping once).
     """
+    if isinstance(optimizer, TowerOptimizer):  # Wrapping twice: once.
+      summarize_gradient_norm |= optimizer._summarize_gradient_norm  # pylint: disable=protected-access
+      optimizer = optimizer._optimizer  # pylint: disable=protected-access
     if not isinstance(optimizer, tf1.train.Optimizer):
       raise TypeError(
           "`TowerOptimizer` wraps a `tf.compat.v1.train.Optimizer` (e.g. "
@@ -66,8 +74,9 @@ class TowerOptimizer(tf1.train.Optimizer):
     return getattr(optimizer, name)
 
   def compute_gradients(self, loss, var_list=None, **kwargs):
-    """The wrapped optimizer's gradients, scaled by the tower's batch share.
+    """The wrapped optimizer's gradients of the tower's loss (not yet scaled).
 
+    `apply_gradients` scales them by the tower's share of the global batch.
     In towers 1.. the control dependencies around the call are dropped: they
     are usually the tower's UPDATE_OPS, which must not run (only tower 0's
     batch-norm statistics update the moving averages).
@@ -76,24 +85,25 @@ class TowerOptimizer(tf1.train.Optimizer):
     if tower is None:
       return self._optimizer.compute_gradients(loss, var_list, **kwargs)
     kwargs["colocate_gradients_with_ops"] = True
-    weight = tower.loss_weight
-    with tf.control_dependencies(None) if tower.index else (
-        contextlib.nullcontext()):
-      if _is_static_positive(weight):
-        # One multiply on the scalar loss instead of one per gradient.
-        scaled = loss if weight == 1.0 else loss * tf.cast(weight, loss.dtype)
-        return self._optimizer.compute_gradients(scaled, var_list, **kwargs)
-      grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
-                                                         **kwargs)
-      return [(_scale(g, weight), v) for g, v in grads_and_vars]
+    with _outside_control_dependencies(tower):
+      return self._optimizer.compute_gradients(loss, var_list, **kwargs)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-    """Records the tower's gradients; outside a tower, applies them."""
+    """Records the tower's gradients, weighted; outside a tower, applies them.
+
+    Whatever computed the gradients, they are scaled here by the tower's
+    share of the global batch (`towers.Tower.loss_weight`), once.
+    """
     tower = towers_lib.current_tower()
     if tower is None:
       return self.apply_combined(grads_and_vars, global_step, name)
+    grads_and_vars = list(grads_and_vars)
+    if tower.num_towers > 1:
+      warn_if_clipped_by_global_norm([g for g, _ in grads_and_vars])
+    with _outside_control_dependencies(tower), tf.name_scope("tower_weight"):
+      weighted = [(_scale(g, tower.loss_weight), v) for g, v in grads_and_vars]
     tower.optimizer_calls.append(towers_lib.OptimizerCall(
-        self, list(grads_and_vars), global_step, name,
+        self, weighted, global_step, name,
         tf1.get_variable_scope(), tf1.get_default_graph().get_name_scope()))
     return tf.no_op(name="recorded_for_tower_aggregation")
 
@@ -118,13 +128,41 @@ class TowerOptimizer(tf1.train.Optimizer):
     return self._optimizer.variables()
 
 
-def _is_static_positive(weight) -> bool:
-  """Whether `weight` is known at graph build and > 0 (loss can be scaled).
+def _outside_control_dependencies(tower):
+  """In towers 1.., no control dependencies (their UPDATE_OPS must not run)."""
+  return (tf.control_dependencies(None) if tower.index else
+          contextlib.nullcontext())
 
-  A zero or run-time weight scales each gradient with `multiply_no_nan`
-  instead: an empty shard's loss is NaN, and NaN * 0 is NaN.
+
+_CLIP_SCOPE = "clip_by_global_norm"
+_WARNED: set = set()
+
+
+def warn_if_clipped_by_global_norm(grads: list) -> bool:
+  """Warns once when a tower's gradients come from `tf.clip_by_global_norm`.
+
+  Returns:
+    Whether the gradients look clipped by global norm (an output of the ops
+    `tf.clip_by_global_norm` names after itself, as Google BERT's
+    `optimization.py` and `tf_slim.optimize_loss(clip_gradients=...)` use).
   """
-  return isinstance(weight, (int, float)) and weight > 0
+  clipped = any(_CLIP_SCOPE in _producer_name(g) for g in grads
+                if g is not None)
+  if clipped and _CLIP_SCOPE not in _WARNED:
+    _WARNED.add(_CLIP_SCOPE)
+    logging.warning(
+        "multi_gpu: the model_fn clips its gradients by global norm "
+        "(tf.clip_by_global_norm) inside each tower, so each tower's own "
+        "gradient is clipped before the towers are combined; one device "
+        "clips the gradient of the whole batch. To clip exactly as on one "
+        "device, remove the clip from the model_fn and pass "
+        "multi_gpu(..., clip_gradients_by_norm=<the same norm>).")
+  return clipped
+
+
+def _producer_name(grad) -> str:
+  values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+  return getattr(getattr(values, "op", None), "name", "")
 
 
 def _scale(grad, weight):

@@ -29,6 +29,7 @@ class Options:
   clip_gradients_by_norm: Optional[float]
   use_ema_weights: bool
   variable_update: str = "shared"
+  unsplit_features: tuple = ()
 
 
 _WARNED: set = set()
@@ -57,7 +58,7 @@ def aggregation_device_option(aggregation_device: Optional[str],
 
 def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
                   clip_gradients_by_norm, use_ema_weights,
-                  variable_update) -> Options:
+                  variable_update, unsplit_features=()) -> Options:
   """Validates the decorator's options; messages say how to fix them.
 
   Raises:
@@ -81,7 +82,19 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
                           devices_lib.canonical_device(aggregation_device)),
       loss_reduction=loss_reduction, ema_decay=ema_decay,
       clip_gradients_by_norm=clip_gradients_by_norm,
-      use_ema_weights=bool(use_ema_weights), variable_update=variable_update)
+      use_ema_weights=bool(use_ema_weights), variable_update=variable_update,
+      unsplit_features=_feature_keys(unsplit_features))
+
+
+def _feature_keys(keys) -> tuple:
+  """`unsplit_features` as a tuple of feature keys."""
+  if isinstance(keys, (str, bytes)) or not isinstance(
+      keys, (list, tuple, set, frozenset)) or not all(
+          isinstance(key, str) for key in keys):
+    raise TypeError(
+        f"`unsplit_features` must be a list of feature keys (strings); got "
+        f"{keys!r}. Example: unsplit_features=['vocab'].")
+  return tuple(keys)
 
 
 def _check_open_interval(name, value, low, high, example) -> None:

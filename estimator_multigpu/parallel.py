@@ -74,7 +74,9 @@ def make_parallel(fn: Callable[..., Any],
       `/cpu:1`) or device groups, as for `multi_gpu`.
     session_config: the config of the session that will run the graph; the
       devices are checked against it (e.g. `make_session_config(num_cpus=4)`
-      provides `/cpu:0`..`/cpu:3`). None: one CPU plus the visible GPUs.
+      provides `/cpu:0`..`/cpu:3`). None: GPUs are checked against the ones
+      this process sees, and any `/cpu:k` is taken (the session must have
+      it: one made with `make_session_config(num_cpus=k + 1)`).
     aggregation_device: where variables live and outputs are joined. None:
       `/cpu:0` with several devices, else the one device.
     ps_device: the old name of `aggregation_device` (warns once).
@@ -94,7 +96,7 @@ def make_parallel(fn: Callable[..., Any],
       plan_lib.resolve_groups(devices),
       _canonical(options_lib.aggregation_device_option(aggregation_device,
                                                        ps_device)),
-      session_config)
+      session_config, api="make_parallel")
   check_batched_inputs(batched_inputs)
   if plan.num_towers == 1:
     return _call_towers(fn, plan, [batched_inputs])[0]

@@ -71,7 +71,8 @@ class Plan:
 
 
 def make_plan(groups: Optional[list], aggregation_device: Optional[str],
-              session_config, variable_update: str = "shared") -> Plan:
+              session_config, variable_update: str = "shared",
+              api: str = "multi_gpu") -> Plan:
   """Resolves the devices for this graph and checks that they exist.
 
   Args:
@@ -80,12 +81,13 @@ def make_plan(groups: Optional[list], aggregation_device: Optional[str],
       the default (`devices.aggregation_device_for`).
     session_config: the session's ConfigProto (virtual CPU count), or None.
     variable_update: the variable strategy's name.
+    api: the public name asking (`devices.check_devices_exist`).
   """
   groups = groups or [[d] for d in devices_lib.resolve_devices(None)]
   wanted = [d for group in groups for d in group]
   devices_lib.check_devices_exist(list(dict.fromkeys(
       wanted + ([aggregation_device] if aggregation_device else []))),
-                                  session_config)
+                                  session_config, api)
   chosen = aggregation_device or devices_lib.aggregation_device_for(
       [group[0] for group in groups])
   # With one tower and no request, variables simply follow the tower.

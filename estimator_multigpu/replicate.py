@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.python.util import function_utils  # pylint: disable=g-direct-tensorflow-import
@@ -32,6 +32,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               clip_gradients_by_norm: Optional[float] = None,
               use_ema_weights: bool = True,
               variable_update: str = "shared",
+              unsplit_features: Sequence[str] = (),
               ps_device: Optional[str] = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
@@ -44,7 +45,14 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
 
   Rules the `model_fn` must follow:
     1. Wrap every optimizer in `TowerOptimizer` (an unwrapped one is an error
-       with more than one tower). Call it the same way in every tower.
+       with more than one tower). Call it the same way in every tower. Its
+       `apply_gradients` weights whatever gradients it gets, once: from
+       `minimize`, either optimizer's `compute_gradients`, `tf.gradients`,
+       or your own code. A custom `tf.compat.v1.train.Optimizer` (BERT's
+       AdamWeightDecay) and a hand-incremented `global_step` (tower 0's
+       train_op runs once per step) work; `TowerOptimizer(TowerOptimizer(
+       opt))` is `TowerOptimizer(opt)`. With `tf_slim.optimize_loss`, pass
+       `optimizer=lambda lr: TowerOptimizer(...)`, not a name.
     2. With `loss_reduction="mean"` (default) the loss must be a mean over
        the tower's examples, plus any batch-independent terms such as weight
        decay; with `"sum"` it must be a sum over them (a batch-independent
@@ -56,13 +64,25 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     4. Batch-norm statistics inside a tower come from that tower's shard; the
        UPDATE_OPS of tower 0 run once per step (towers 1.. are not run, so
        control dependencies around the optimizer call are dropped in towers
-       1..). The combined update runs with tower 0's train_op; other control
-       dependencies on the returned train_op are not ordered after it.
-    5. Gradient clipping written inside the `model_fn` clips each tower's
-       share of the gradient; use `clip_gradients_by_norm` for the
-       single-device clip of the combined gradient.
+       1..; compute gradients with `tf.gradients` outside a
+       `tf.control_dependencies(update_ops)` block, or towers 1..'s updates
+       would run too). Tower 0 gets an example whenever the batch has one,
+       so the moving averages never come from an empty shard. The combined
+       update runs with tower 0's train_op; other control dependencies on
+       the returned train_op are not ordered after it.
+    5. Gradient clipping written inside the `model_fn` (BERT's
+       `tf.clip_by_global_norm`) clips each tower's own gradient before the
+       towers are combined, and warns once; for the single-device clip of
+       the combined gradient remove it and pass `clip_gradients_by_norm`.
     6. Streaming metrics must have additive state (totals, counts, confusion
        counts: every `tf.compat.v1.metrics` function qualifies).
+    7. Inputs: every feature and label is cut along axis 0, except the
+       feature keys named in `unsplit_features`, which every tower gets
+       whole. `tf.RaggedTensor` inputs and a global batch of 0 examples in
+       TRAIN or EVAL are errors; every prediction needs a batch dimension.
+    8. The model_fn returns an `EstimatorSpec`, or a `TPUEstimatorSpec`
+       (converted with `as_estimator_spec()`, as `TPUEstimator(use_tpu=False)`
+       does).
 
   Shared and per tower: variables, optimizer slots, metric state, hooks and
   the scaffold exist once; ops, shards and batch statistics are per tower.
@@ -113,6 +133,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     variable_update: how towers share variables and combine gradients
       (`strategies`): "shared" (one copy on the aggregation device, like
       tf_cnn_benchmarks' `parameter_server`).
+    unsplit_features: keys of the features dict that are not batch-major
+      (a vocabulary, a lookup table): every tower gets them whole.
     ps_device: the old name of `aggregation_device` (warns once).
 
   Returns:
@@ -128,6 +150,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       devices=devices, loss_reduction=loss_reduction, ema_decay=ema_decay,
       clip_gradients_by_norm=clip_gradients_by_norm,
       use_ema_weights=use_ema_weights, variable_update=variable_update,
+      unsplit_features=unsplit_features,
       aggregation_device=options_lib.aggregation_device_option(
           aggregation_device, ps_device))
   if model_fn is None:
@@ -156,6 +179,8 @@ def call_model_fn(model_fn, features, labels, mode, params, config):
             if name in accepted}
   spec = model_fn(features, labels, **kwargs) if "labels" in accepted else (
       model_fn(features, **kwargs))
+  if hasattr(spec, "as_estimator_spec"):  # TPUEstimatorSpec (Google BERT).
+    spec = spec.as_estimator_spec()
   if not isinstance(spec, tf.estimator.EstimatorSpec):
     raise TypeError(
         f"The model_fn returned {type(spec).__name__} ({spec!r:.80}); "
@@ -195,7 +220,9 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       spec = call_model_fn(model_fn, features, labels, mode, params, config)
     specs_lib.publish_losses(spec.loss, [])
     return _with_ema(spec, mode, options, plan.aggregation_device, config)
-  split = splitting.split_batch(features, labels, plan.num_towers)
+  split = splitting.split_batch(
+      features, labels, plan.num_towers, unsplit=options.unsplit_features,
+      require_examples=mode in (ModeKeys.TRAIN, ModeKeys.EVAL))
   plan_lib.log_plan(plan, split, mode)
   strategy = strategies.make_strategy(plan)
   towers = towers_lib.build_towers(
@@ -218,7 +245,10 @@ def _train_op(towers: list, strategy: strategies.VariableStrategy,
         "The model_fn's train_op does not come from a `TowerOptimizer`; "
         f"with {len(towers)} towers an unwrapped optimizer would apply "
         f"{len(towers)} separate updates per step (and clipping needs it). "
-        "Wrap it: opt = estimator_multigpu.TowerOptimizer(opt).")
+        "Wrap it: opt = estimator_multigpu.TowerOptimizer(opt). With "
+        "tf_slim.optimize_loss, pass optimizer=lambda lr: "
+        "TowerOptimizer(tf.compat.v1.train.GradientDescentOptimizer(lr)) "
+        "(or another optimizer) instead of a name such as 'SGD'.")
   apply_ops = strategy.apply_gradients(towers, options.clip_gradients_by_norm)
   specs_lib.summarize_tower_losses(towers)
   return specs_lib.merged_train_op(towers, apply_ops)

@@ -1,14 +1,18 @@
 """Small, documented fixes for tf-slim 1.1.0 on TensorFlow 2.15.
 
-All are idempotent and applied when `estimator_multigpu` is imported
-(`apply_all`). They replace module references *inside* tf-slim only;
-TensorFlow's own modules are left as they are.
+All are idempotent and applied by `apply_all` (which `multi_gpu` calls when
+it wraps a model_fn, and `nets/` on import). They replace module references
+*inside* tf-slim only; TensorFlow's own modules are left as they are.
 
-1. ``tf_slim.optimize_loss`` tests ``isinstance(g, ops.IndexedSlices)`` with
-   ``tensorflow.python.framework.ops``, which no longer defines
-   ``IndexedSlices`` in TF 2.15: every call raises AttributeError.
-   :func:`patch_optimize_loss` gives tf-slim's optimizers module an ``ops``
-   stand-in that has it.
+1. tf-slim names TensorFlow symbols where TF 2.15 no longer has them:
+   ``ops.Tensor`` and ``ops.IndexedSlices`` (``tf_slim.optimize_loss``,
+   ``batch_norm`` on a 2-D input, ``create_train_op`` with gradient
+   multipliers), ``array_ops.stack``, ``control_flow_ops.cond`` (streaming
+   AUC), ``variable_scope.variable`` (``local_variable``), .... :data:`MOVED`
+   lists every such name, found by scanning tf-slim's source (the test
+   ``tests/nets/test_slim_surface.py`` repeats the scan and fails on any name
+   still missing); :func:`patch_moved_names` gives each tf-slim module a
+   stand-in for the TensorFlow module it imported, with the moved names.
 
 2. ``slim.batch_norm`` builds its default path (updates in ``UPDATE_OPS``, no
    zero-debiasing) on ``tensorflow.python.layers.normalization``, which in TF
@@ -35,13 +39,15 @@ TensorFlow's own modules are left as they are.
 import contextlib
 import functools
 import importlib
+import pkgutil
+import types
 from typing import Any, Callable
 
-import tensorflow as tf
 from absl import logging
+import tensorflow as tf
+import tf_slim
 from tensorflow.python.framework import tensor as _tensor_lib
 from tf_slim.layers import layers as _slim_layers
-from tf_slim.layers import optimizers as _slim_optimizers
 
 tf1 = tf.compat.v1
 
@@ -181,28 +187,64 @@ def unpatch_slim_batch_norm() -> None:
 
 
 
-class _OpsWithIndexedSlices:
-  """tf-slim's view of `tensorflow.python.framework.ops`, plus IndexedSlices."""
+# Per TensorFlow module tf-slim imports: names it uses there that TF 2.15
+# moved, and where each lives now ("module:attribute").
+MOVED = {
+    "tensorflow.python.framework.ops": {
+        "Tensor": "tensorflow.python.framework.tensor:Tensor",
+        "IndexedSlices":
+            "tensorflow.python.framework.indexed_slices:IndexedSlices"},
+    "tensorflow.python.ops.array_ops": {
+        "stack": "tensorflow.python.ops.array_ops_stack:stack",
+        "unstack": "tensorflow.python.ops.array_ops_stack:unstack"},
+    "tensorflow.python.ops.control_flow_ops": {
+        "cond": "tensorflow.python.ops.cond:cond",
+        "case": "tensorflow.python.ops.control_flow_case:case",
+        "while_loop": "tensorflow.python.ops.while_loop:while_loop",
+        "Assert": "tensorflow.python.ops.control_flow_assert:Assert"},
+    "tensorflow.python.ops.variable_scope": {
+        "variable": "tensorflow.python.ops.variable_v1:VariableV1"},
+}
 
-  IndexedSlices = tf.IndexedSlices
 
-  def __init__(self, ops_module):
-    self._ops = ops_module
+class _WithMovedNames:
+  """A TensorFlow module as tf-slim sees it: the module plus its moved names.
+
+  Attributes the module has are its own; the others come from :data:`MOVED`.
+  """
+
+  def __init__(self, module: types.ModuleType, moved: dict):
+    self.module = module
+    self._moved = moved
 
   def __getattr__(self, name):
-    return getattr(self._ops, name)
+    if hasattr(self.module, name) or name not in self._moved:
+      return getattr(self.module, name)
+    module_name, attribute = self._moved[name].split(":")
+    return getattr(importlib.import_module(module_name), attribute)
 
 
-def patch_optimize_loss() -> bool:
-  """Lets `tf_slim.optimize_loss` find `ops.IndexedSlices` again.
+def slim_modules() -> list:
+  """Every tf-slim module (tests excluded), imported."""
+  names = [info.name for info in pkgutil.walk_packages(
+      tf_slim.__path__, "tf_slim.") if not info.name.endswith("_test")]
+  return [tf_slim] + [importlib.import_module(name) for name in names]
+
+
+def patch_moved_names() -> int:
+  """Gives tf-slim the TensorFlow names TF 2.15 moved (fix 1).
 
   Returns:
-    True if this call installed the patch, False if nothing was needed.
+    How many module references this call replaced (0 once applied).
   """
-  if hasattr(_slim_optimizers.ops, "IndexedSlices"):
-    return False
-  _slim_optimizers.ops = _OpsWithIndexedSlices(_slim_optimizers.ops)
-  return True
+  replaced = 0
+  for module in slim_modules():
+    for alias, value in list(vars(module).items()):
+      if (isinstance(value, types.ModuleType) and value.__name__ in MOVED and
+          any(not hasattr(value, name) for name in MOVED[value.__name__])):
+        setattr(module, alias, _WithMovedNames(value, MOVED[value.__name__]))
+        replaced += 1
+  return replaced
 
 
 def patch_slim_layer_weights() -> bool:
@@ -221,6 +263,6 @@ def patch_slim_layer_weights() -> bool:
 
 def apply_all() -> None:
   """Applies every fix of this module (idempotent)."""
-  patch_optimize_loss()
+  patch_moved_names()
   patch_slim_batch_norm()
   patch_slim_layer_weights()

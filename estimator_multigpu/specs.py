@@ -51,18 +51,30 @@ def _weighted(loss: tf.Tensor, weight: Any) -> tf.Tensor:
   return tf.math.multiply_no_nan(loss, tf.cast(weight, loss.dtype))
 
 
-def concat_predictions(per_tower: list) -> Any:
-  """Concatenates a tensor, or a dict of tensors, along axis 0."""
+def concat_predictions(per_tower: list, name: str = "predictions") -> Any:
+  """Concatenates a tensor, or a dict of tensors, along axis 0.
+
+  Raises:
+    ValueError: a prediction is a scalar (the message names its key).
+  """
   if isinstance(per_tower[0], dict):
-    return {key: _concat([p[key] for p in per_tower]) for key in per_tower[0]}
-  return _concat(per_tower)
+    return {key: _concat([p[key] for p in per_tower], f"{name}[{key!r}]")
+            for key in per_tower[0]}
+  return _concat(per_tower, name)
 
 
-def _concat(pieces: list):
+def _concat(pieces: list, name: str = "predictions"):
   if len(pieces) == 1:
     return pieces[0]
   if isinstance(pieces[0], tf.SparseTensor):
     return tf.sparse.concat(axis=0, sp_inputs=pieces)
+  if tf.convert_to_tensor(pieces[0]).shape.rank == 0:
+    raise ValueError(
+        f"The model_fn's `{name}` is a scalar; `multi_gpu` joins the towers' "
+        "predictions along their batch dimension (axis 0), so each must have "
+        "one, as Estimator.predict expects. Return one value per example "
+        "(e.g. shape [batch_size]), or tf.fill([tf.shape(x)[0]], value) for "
+        "a value shared by the batch.")
   return tf.concat(pieces, axis=0)
 
 
@@ -80,8 +92,8 @@ def merge_export_outputs(per_tower: list) -> Any:
 def _merge_export_output(key: str, first, outputs: list):
   export = tf.estimator.export
   if isinstance(first, export.PredictOutput):
-    return export.PredictOutput(concat_predictions([o.outputs
-                                                    for o in outputs]))
+    return export.PredictOutput(concat_predictions(
+        [o.outputs for o in outputs], f"export_outputs[{key!r}]"))
   if isinstance(first, export.ClassificationOutput):
     return export.ClassificationOutput(
         _concat_or_none([o.scores for o in outputs]),

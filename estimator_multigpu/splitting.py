@@ -4,13 +4,15 @@ Shards are taken along axis 0, in order, with sizes that differ by at most one
 (the first `n % num_towers` towers get one extra example). Any batch size
 works: unknown until run time, not divisible by the tower count, or smaller
 than it (some shards are then empty). Features and labels may be tensors,
-`SparseTensor`s, or nested dicts/tuples/lists of them.
+`SparseTensor`s, or nested dicts/tuples/lists of them. Features that are not
+batch-major (a vocabulary, a lookup table) can be named `unsplit`: every
+tower then gets them whole. `RaggedTensor`s are refused with a clear error.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any, Sequence, Union
 
 import tensorflow as tf
 
@@ -75,38 +77,91 @@ def shard_sizes(global_batch_size: BatchSize, num_towers: int) -> list:
   return [base + tf.cast(i < extra, tf.int32) for i in range(num_towers)]
 
 
-def split_batch(features: Any, labels: Any, num_towers: int) -> Split:
+def split_batch(features: Any, labels: Any, num_towers: int,
+                unsplit: Sequence[str] = (),
+                require_examples: bool = False) -> Split:
   """Cuts `features` and `labels` into `num_towers` contiguous shards.
 
   Args:
     features: a tensor, `SparseTensor` or nested structure of them.
     labels: the same kinds, or None.
     num_towers: how many shards to make.
+    unsplit: keys of the `features` dict that every tower gets whole.
+    require_examples: fail at run time when the global batch is empty (as in
+      TRAIN and EVAL, where one device's loss would be NaN).
 
   Returns:
     A `Split`.
 
   Raises:
-    ValueError: an input has no batch dimension, or the inputs disagree on the
-      batch size when the graph is built.
+    TypeError: an input is a `RaggedTensor`, or `unsplit` is given but
+      `features` is not a dict.
+    ValueError: an input has no batch dimension, the inputs disagree on the
+      batch size when the graph is built, `unsplit` names a missing key, or
+      the global batch is known to be empty and `require_examples` is set.
   """
+  given = features
+  features, whole = _take_unsplit(features, unsplit)
   leaves = (leaves_with_paths(features, "features") +
             leaves_with_paths(labels, "labels"))
   leaves = [(path, leaf) for path, leaf in leaves if leaf is not None]
   with tf.name_scope("split_batch"), tf.device("/device:CPU:0"):
     global_batch_size, checks = _global_batch_size(leaves)
+    if require_examples:
+      checks.extend(_check_not_empty(global_batch_size))
     sizes = shard_sizes(global_batch_size, num_towers)
     with tf.control_dependencies(checks):
       cut = [_split_leaf(leaf, sizes) for _, leaf in leaves]
   shards = []
   for i in range(num_towers):
     tower_leaves = iter(pieces[i] for pieces in cut)
-    shards.append((_pack(features, tower_leaves), _pack(labels, tower_leaves)))
+    shards.append((_put_back(given, _pack(features, tower_leaves), whole),
+                   _pack(labels, tower_leaves)))
   return Split(shards, sizes, global_batch_size)
+
+
+def _take_unsplit(features: Any, unsplit: Sequence[str]) -> tuple:
+  """`features` without the `unsplit` keys, and those keys' values."""
+  if not unsplit:
+    return features, {}
+  if not isinstance(features, dict):
+    raise TypeError(
+        f"`unsplit_features`={list(unsplit)} names feature keys, but the "
+        f"features are a {type(features).__name__}, not a dict. Return a "
+        "dict of features from the input_fn, or drop `unsplit_features`.")
+  absent = [key for key in unsplit if key not in features]
+  if absent:
+    raise ValueError(
+        f"`unsplit_features` names {absent}, which the features do not have; "
+        f"they have {sorted(features)}. Fix the names.")
+  rest = {k: v for k, v in features.items() if k not in unsplit}
+  return type(features)(rest), {k: features[k] for k in unsplit}
+
+
+_EMPTY_BATCH = (
+    "The global batch has no examples. On one device the loss of an empty "
+    "batch is NaN; `multi_gpu` stops instead of training or evaluating on "
+    "nothing. Make the input_fn yield non-empty batches (e.g. "
+    "`Dataset.batch(n, drop_remainder=True)` or filter empty ones).")
+
+
+def _check_not_empty(global_batch_size: BatchSize) -> list:
+  if isinstance(global_batch_size, int):
+    if global_batch_size == 0:
+      raise ValueError(_EMPTY_BATCH)
+    return []
+  return [tf.debugging.assert_positive(global_batch_size,
+                                       message=_EMPTY_BATCH)]
 
 
 def _batch_dim(path: str, leaf: Any) -> BatchSize:
   """The leaf's batch size: an int if static, else a scalar tensor."""
+  if isinstance(leaf, tf.RaggedTensor):
+    raise TypeError(
+        f"`{path}` is a tf.RaggedTensor; `multi_gpu` cuts tensors and "
+        "SparseTensors along axis 0, not ragged ones. Convert it in the "
+        "input_fn with `.to_tensor()` (padded) or `.to_sparse()`, or pass it "
+        "whole to every tower with `unsplit_features`.")
   if isinstance(leaf, tf.SparseTensor):
     static = tf.get_static_value(leaf.dense_shape)
     return int(static[0]) if static is not None else tf.cast(
@@ -133,7 +188,9 @@ def _global_batch_size(leaves: list) -> tuple[BatchSize, list]:
       raise ValueError(
           f"Inputs disagree on the batch size: `{static[0][0]}` has "
           f"{static[0][1]} examples but `{path}` has {dim}. All features and "
-          "labels must have the same size along axis 0; fix the input_fn.")
+          "labels must have the same size along axis 0; fix the input_fn, or "
+          "name features that are not batch-major (a vocabulary) in "
+          "`multi_gpu(unsplit_features=...)` to give every tower them whole.")
   if static:
     reference_path, reference = static[0]
   else:
@@ -187,3 +244,11 @@ def _pack(structure: Any, leaves_iter) -> Any:
       return type(structure)(*items)
     return type(structure)(items)
   return next(leaves_iter)
+
+
+def _put_back(original: Any, shard: Any, whole: dict) -> Any:
+  """`shard` with the unsplit entries back, in `original`'s key order."""
+  if not whole:
+    return shard
+  return type(original)((key, whole[key] if key in whole else shard[key])
+                        for key in original)

@@ -40,7 +40,7 @@ class OptimizerCall:
   as `OptimizeLoss/w/Momentum` then get the single-device names).
   """
   optimizer: Any  # the TowerOptimizer that recorded the call.
-  grads_and_vars: list
+  grads_and_vars: list  # already scaled by the tower's `loss_weight`.
   global_step: Optional[tf.Variable]
   name: Optional[str]
   variable_scope: Any = None
@@ -63,8 +63,9 @@ class Tower:
     index: the tower's position; tower 0 holds the unprefixed names.
     device: canonical device string, or None for no placement (export).
     loss_weight: the tower's share of the global batch, which its loss and
-      gradients are scaled by (`splitting.Split.loss_weight`: nᵢ / n for
-      "mean", 1 for "sum", 0 for an empty shard).
+      (in `TowerOptimizer.apply_gradients`) its gradients are scaled by
+      (`splitting.Split.loss_weight`: nᵢ / n for "mean", 1 for "sum", 0 for
+      an empty shard).
     group: the tower's devices (model parallelism); `device` is the first.
     num_towers: how many towers the plan has.
     optimizer_calls: `TowerOptimizer` calls recorded, in call order.

@@ -53,7 +53,7 @@ def train(model_fn, features, labels, steps, session_config, num_towers=None,
       for _ in range(steps):
         loss, _ = session.run([spec.loss, spec.train_op], feed_dict=feed)
         first_loss = loss if first_loss is None else first_loss
-      values = {v.op.name: session.run(v) for v in tf1.global_variables()}
+      values = session.run({v.op.name: v for v in tf1.global_variables()})
   return values, first_loss
 
 

@@ -130,19 +130,45 @@ def session_devices(session_config: Optional[tf1.ConfigProto]) -> list[str]:
           [f"/device:GPU:{k}" for k in range(gpus)])
 
 
+_HOW_TO_GET_CPUS = {
+    "multi_gpu": (
+        "for N towers on a CPU machine give the RunConfig "
+        "session_config=estimator_multigpu.make_session_config(num_cpus=N) "
+        "and devices=['/cpu:0', ..., '/cpu:N-1']"),
+    "make_parallel": (
+        "for /cpu:1 and up pass make_parallel(..., session_config="
+        "estimator_multigpu.make_session_config(num_cpus=N)) and run the "
+        "graph in a session with that config"),
+}
+
+
 def check_devices_exist(devices: Sequence[str],
-                        session_config: Optional[tf1.ConfigProto]) -> None:
-  """Raises ValueError when a tower device is not one the session will have."""
-  available = session_devices(session_config)
+                        session_config: Optional[tf1.ConfigProto],
+                        api: str = "multi_gpu") -> None:
+  """Raises ValueError when a device is not one the session will have.
+
+  Args:
+    devices: canonical device strings.
+    session_config: the config of the session that will run the graph.
+    api: "multi_gpu" (the session is Estimator's, configured by the
+      RunConfig) or "make_parallel" (any session: without a config, only
+      GPUs, which the process must see, are checked; any `/cpu:k` is taken).
+  """
+  if session_config is None and api == "make_parallel":
+    available = [f"/device:GPU:{k}" for k in range(num_visible_gpus())]
+    devices = [d for d in devices if "GPU" in d]
+    lacks, has = "this process does not see", "it sees"
+  else:
+    available = session_devices(session_config)
+    lacks, has = "this session will not have", "it has"
   missing = [d for d in devices if d not in available]
   if missing:
     raise ValueError(
-        f"`devices` asks for {', '.join(map(short_name, missing))}, which "
-        f"this session will not have; it has "
-        f"{', '.join(map(short_name, available))}. Ask for existing devices, "
-        "or for N towers on a CPU machine give the RunConfig "
-        "session_config=estimator_multigpu.make_session_config(num_cpus=N) "
-        "and devices=['/cpu:0', ..., '/cpu:N-1'].")
+        f"`{api}` `devices` asks for {', '.join(map(short_name, missing))}, "
+        f"which {lacks}; {has} "
+        f"{', '.join(map(short_name, available)) or 'no GPU'}. Ask for "
+        "existing devices (CUDA_VISIBLE_DEVICES limits the GPUs), or "
+        f"{_HOW_TO_GET_CPUS[api]}.")
 
 
 def make_session_config(num_cpus: int = 1,

@@ -221,9 +221,9 @@ def test_a_variable_only_later_towers_create_is_a_clear_error(
 
 
 @pytest.mark.parametrize("devices,config,match", [
-    (["/cpu:0", "/cpu:4"], True, "asks for /cpu:4"),
-    (["/cpu:0", "/cpu:1"], False, "this session will not have"),
-    (["/gpu:0"], False, "asks for /gpu:0"),
+    (["/cpu:0", "/cpu:4"], True, "asks for /cpu:4, which this session will "
+     "not have; it has /cpu:0, /cpu:1, /cpu:2, /cpu:3.*pass make_parallel"),
+    (["/gpu:0"], False, "asks for /gpu:0, which this process does not see"),
     (["/tpu:0"], True, "is not a device"),
     (0, True, "asks for 0 GPUs"),
 ])
