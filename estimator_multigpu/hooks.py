@@ -4,7 +4,8 @@
   per second (global and per tower) and the time left, and writes
   `examples_per_sec` and `examples_per_sec_per_tower` summaries.
 - `NonFiniteLossHook` stops training with an error naming the step and the
-  towers whose loss is NaN or Inf, before anything is saved.
+  towers whose loss is NaN or Inf; `FiniteCheckpointListener` refuses to
+  save NaN or Inf variables (they can diverge a step before the loss).
 - `SignalStop` turns SIGTERM / SIGINT into a clean stop, so Estimator writes
   a final checkpoint.
 - `with_training_hooks` attaches hooks built from the merged EstimatorSpec to
@@ -103,7 +104,26 @@ def with_training_hooks(model_fn: Callable, make_hooks: HookFactory):
 
 
 class NonFiniteLossError(RuntimeError):
-  """The training loss became NaN or Inf."""
+  """The training loss, or a variable about to be saved, became NaN or Inf."""
+
+
+def last_checkpoint_sentence(model_dir: Optional[str]) -> str:
+  """Names the newest checkpoint of `model_dir` for a NaN error message.
+
+  With `FiniteCheckpointListener` installed every checkpoint was checked for
+  NaN/Inf before it was written, so the newest one is the last finite one.
+  """
+  latest = tf.train.latest_checkpoint(model_dir) if model_dir else None
+  if latest is None:
+    return ("No checkpoint was written before it (nothing to resume from: "
+            "the next run starts over).")
+  return (f"The newest checkpoint, {latest}, holds only finite values (each "
+          "save is checked first); a rerun resumes from it.")
+
+
+_FIXES = ("Lower the learning rate, clip gradients (--clip_gradients_by_norm) "
+          "or check the input for NaN/Inf, then run again with the same "
+          "model dir.")
 
 
 class NonFiniteLossHook(tf1.train.SessionRunHook):
@@ -112,9 +132,14 @@ class NonFiniteLossHook(tf1.train.SessionRunHook):
   Pass it to `Estimator.train(hooks=[...])`: hooks given there run before
   Estimator's own `NanTensorHook`, whose message names neither. The hook
   reads the losses `multi_gpu` publishes (`specs.LOSS_COLLECTION`,
-  `specs.TOWER_LOSSES_COLLECTION`). Raising leaves the last checkpoint as
-  it was: the diverged variables are never saved.
+  `specs.TOWER_LOSSES_COLLECTION`). It runs after Estimator's chief-only
+  checkpoint saver, and the weights can turn NaN a step before the loss:
+  install `FiniteCheckpointListener` too, so no NaN is ever saved. With
+  `model_dir`, the error names the newest checkpoint there.
   """
+
+  def __init__(self, model_dir: Optional[str] = None):
+    self._model_dir = model_dir
 
   def begin(self):
     self._loss = tf1.get_collection(specs.LOSS_COLLECTION)
@@ -141,9 +166,42 @@ class NonFiniteLossHook(tf1.train.SessionRunHook):
     where = f" (non-finite in tower(s) {', '.join(bad)})" if bad else ""
     raise NonFiniteLossError(
         f"The loss is {loss} at step {self._step}{where}; training stopped "
-        "before saving it. The last checkpoint is intact. Lower the learning "
-        "rate, clip gradients (--clip_gradients_by_norm) or check the input "
-        "for NaN/Inf, then resume from the model dir.")
+        f"without saving it. {last_checkpoint_sentence(self._model_dir)} "
+        f"{_FIXES}")
+
+
+class FiniteCheckpointListener(tf1.train.CheckpointSaverListener):
+  """Refuses to write a checkpoint that holds NaN or Inf values.
+
+  Pass it to `Estimator.train(saving_listeners=[...])`. Before every save
+  (periodic, at the start, and the final one at the end, e.g. after
+  SIGTERM) it checks every floating-point global variable (weights,
+  optimizer slots, moving averages) and raises `NonFiniteLossError` naming
+  the step, the variables and the newest (finite) checkpoint in `model_dir`
+  instead of saving. The check is one small fetch, only when saving.
+  """
+
+  def __init__(self, model_dir: str):
+    self._model_dir = model_dir
+
+  def begin(self):
+    variables = [v for v in tf1.global_variables()
+                 if v.dtype.base_dtype.is_floating]
+    self._names = [v.op.name for v in variables]
+    with tf.name_scope("finite_check"):
+      self._finite = (tf.stack([tf.reduce_all(tf.math.is_finite(v))
+                                for v in variables])
+                      if variables else tf.constant([], tf.bool))
+
+  def before_save(self, session, global_step_value):
+    finite = session.run(self._finite)
+    if finite.all():
+      return
+    bad = [name for name, ok in zip(self._names, finite) if not ok]
+    raise NonFiniteLossError(
+        f"{len(bad)} variable(s) hold NaN or Inf at step {global_step_value} "
+        f"(e.g. {', '.join(bad[:3])}); checkpoint {global_step_value} was "
+        f"not written. {last_checkpoint_sentence(self._model_dir)} {_FIXES}")
 
 
 class SignalStop:
