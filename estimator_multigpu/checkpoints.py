@@ -122,7 +122,10 @@ def _read_state(model_dir: str) -> tuple:
   path = os.path.join(model_dir, STATE_FILE)
   if not os.path.exists(path):
     return None, f"{path} is missing"
-  state = tf.train.get_checkpoint_state(model_dir)  # None when garbled.
+  try:
+    state = tf.train.get_checkpoint_state(model_dir)  # None when garbled.
+  except ValueError:  # parsed, but names no checkpoint (e.g. empty).
+    state = None
   if state is None or not state.model_checkpoint_path:
     return None, f"{path} is garbled or names no checkpoint"
   return state, None
