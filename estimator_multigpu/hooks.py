@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import signal
 import time
 from typing import Callable, Optional
@@ -113,12 +114,20 @@ def last_checkpoint_sentence(model_dir: Optional[str]) -> str:
   With `FiniteCheckpointListener` installed every checkpoint was checked for
   NaN/Inf before it was written, so the newest one is the last finite one.
   """
-  latest = tf.train.latest_checkpoint(model_dir) if model_dir else None
-  if latest is None:
+  state = tf.train.get_checkpoint_state(model_dir) if model_dir else None
+  if state is None or not state.model_checkpoint_path:
     return ("No checkpoint was written before it (nothing to resume from: "
             "the next run starts over).")
-  return (f"The newest checkpoint, {latest}, holds only finite values (each "
-          "save is checked first); a rerun resumes from it.")
+  older = [os.path.basename(path) for path in
+           state.all_model_checkpoint_paths[:-1]]
+  sentence = (f"The newest checkpoint, {state.model_checkpoint_path}, holds "
+              "only finite values (each save is checked first); a rerun "
+              "resumes from it.")
+  if older:
+    sentence += (" If that rerun diverges at once, its weights were already "
+                 "blowing up: move its files away to resume from an older "
+                 f"one ({', '.join(older)}).")
+  return sentence
 
 
 _FIXES = ("Lower the learning rate, clip gradients (--clip_gradients_by_norm) "
