@@ -204,3 +204,20 @@ def test_bad_flags_are_clear_errors(tmp_path, args, message):
   assert result.returncode != 0 and message in result.stderr, (
       result.stderr[-2000:])
   assert latest_step(tmp_path) is None  # nothing trained, nothing written.
+
+
+def test_gpus_flag_pins_before_tensorflow_lists_devices(tmp_path):
+  # absl runs TensorFlow's init callback (it lists the physical devices)
+  # before main: --gpus must act while the flags are parsed.
+  hidden = run_train(tmp_path, "--max_steps=2", "--gpus=", timeout=120)
+  assert hidden.returncode == 0, hidden.stderr[-2000:]
+  assert "came too late" not in hidden.stderr
+  assert latest_step(tmp_path) == 2
+  one = run_train(tmp_path / "one", "--max_steps=2", "--gpus=0", timeout=120)
+  assert "came too late" not in one.stderr
+  if not tf.config.list_physical_devices("GPU"):  # CI: a clear error.
+    assert one.returncode != 0
+    assert ("flag --gpus=['0']: pin_gpus([0]) set CUDA_VISIBLE_DEVICES='0', "
+            "but TensorFlow sees 0 GPU(s)") in one.stderr
+  else:
+    assert one.returncode == 0, one.stderr[-2000:]
