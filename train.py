@@ -89,6 +89,10 @@ flags.DEFINE_integer("ps_wait_secs", 120, "Cluster: a worker fails if a ps "
 flags.DEFINE_integer("ps_linger_secs", 60, "Cluster: a ps exits this long "
                      "after the chief finished even if a worker never "
                      "reported.")
+flags.DEFINE_integer("stop_grace_secs", 60, "After SIGTERM/Ctrl-C, exit "
+                     "without a final checkpoint if the current step has not "
+                     "finished within this time (e.g. a synchronous step "
+                     "waiting for a dead worker).")
 flags.DEFINE_integer("eval_timeout_secs", 600, "Cluster: the evaluator stops "
                      "after this long without a new checkpoint.")
 
@@ -278,7 +282,10 @@ def train(estimator: tf.estimator.Estimator, task: Optional[cluster.Task],
   logging.info("Training %s on %s: global batch %d over %d towers -> %s",
                FLAGS.model_name, FLAGS.dataset_name, FLAGS.batch_size,
                len(towers.devices), FLAGS.model_dir)
-  with hooks.SignalStop() as stop:
+  on_blocked = None if task is None else (
+      lambda number, secs: job_control.abandon(task, number, secs))
+  with hooks.SignalStop(blocked_secs=FLAGS.stop_grace_secs,
+                        on_blocked=on_blocked) as stop:
     def train_with(extra_hooks):
       estimator.train(
           input_fn, max_steps=FLAGS.max_steps,
@@ -291,7 +298,8 @@ def train(estimator: tf.estimator.Estimator, task: Optional[cluster.Task],
       job_control.run_trainer(task, train_with,
                               sync_replicas=FLAGS.sync_replicas,
                               base_config=towers.session_config,
-                              ps_wait_secs=FLAGS.ps_wait_secs)
+                              ps_wait_secs=FLAGS.ps_wait_secs,
+                              stop_requested=lambda: stop.received is not None)
   return stop.received
 
 

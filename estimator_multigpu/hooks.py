@@ -7,7 +7,7 @@
   towers whose loss is NaN or Inf; `FiniteCheckpointListener` refuses to
   save NaN or Inf variables (they can diverge a step before the loss).
 - `SignalStop` turns SIGTERM / SIGINT into a clean stop, so Estimator writes
-  a final checkpoint.
+  a final checkpoint, and ends the process when a step blocks for good.
 - `with_training_hooks` attaches hooks built from the merged EstimatorSpec to
   a (wrapped) model_fn, so they see the loss over the whole global batch.
 """
@@ -18,6 +18,7 @@ import datetime
 import math
 import os
 import signal
+import threading
 import time
 from typing import Callable, Optional
 
@@ -219,28 +220,66 @@ class SignalStop:
   Inside it, the first such signal makes `hook()` request a stop after the
   current step; Estimator then saves a final checkpoint. A second signal
   gets the default behaviour (immediate exit).
+
+  Python runs signal handlers only when the main thread is back in Python,
+  so a step that never returns (a synchronous step waiting for a dead
+  worker) would ignore the signal. With `blocked_secs`, a watchdog thread
+  learns of each signal from the interpreter's wakeup fd and, if the handler
+  has still not run `blocked_secs` later, calls `on_blocked(signal_number,
+  blocked_secs)` (default: log why and exit with status 128 + signal).
   """
 
-  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT),
+               blocked_secs: Optional[float] = None,
+               on_blocked: Optional[Callable[[int, float], None]] = None):
     self._signals = signals
     self._previous = {}
+    self._blocked_secs = blocked_secs
+    self._on_blocked = on_blocked or _exit_blocked
+    self._handled = threading.Event()
+    self._pipe = None
+    self._previous_fd = -1
     self.received: Optional[int] = None
 
   def __enter__(self) -> "SignalStop":
     for number in self._signals:
       self._previous[number] = signal.signal(number, self._handle)
+    if self._blocked_secs is not None:
+      self._pipe = os.pipe()
+      os.set_blocking(self._pipe[1], False)
+      self._previous_fd = signal.set_wakeup_fd(self._pipe[1],
+                                               warn_on_full_buffer=False)
+      threading.Thread(target=self._watch, args=(self._pipe[0],),
+                       daemon=True, name="signal_watchdog").start()
     return self
 
   def __exit__(self, *exc_info):
     for number, handler in self._previous.items():
       signal.signal(number, handler)
+    if self._pipe is not None:
+      signal.set_wakeup_fd(self._previous_fd)
+      os.close(self._pipe[1])  # the watchdog reads end-of-file and returns.
 
   def _handle(self, number, frame):
     del frame
     self.received = number
+    self._handled.set()
     logging.warning("Received %s: stopping after this step and saving a "
                     "checkpoint.", signal.Signals(number).name)
     signal.signal(number, self._previous[number])
+
+  def _watch(self, read_fd: int) -> None:
+    try:
+      while True:
+        data = os.read(read_fd, 1)
+        if not data:
+          return
+        if data[0] in self._signals and not self._handled.wait(
+            self._blocked_secs):
+          self._on_blocked(data[0], self._blocked_secs)
+          return
+    finally:
+      os.close(read_fd)
 
   def hook(self) -> tf1.train.SessionRunHook:
     """A hook that requests a stop once a signal was received."""
@@ -253,3 +292,11 @@ class SignalStop:
           run_context.request_stop()
 
     return _StopHook()
+
+
+def _exit_blocked(signal_number: int, waited_secs: float) -> None:
+  logging.error("Signal %d arrived %.0f s ago, but the current step has not "
+                "finished; exiting now without a final checkpoint (a restart "
+                "resumes from the newest one).", signal_number, waited_secs)
+  logging.flush()
+  os._exit(128 + signal_number)  # pylint: disable=protected-access
