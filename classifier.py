@@ -51,10 +51,11 @@ class ClassifierConfig:
     if not 0.0 <= self.label_smoothing < 1.0:
       raise ValueError(f"`label_smoothing` is {self.label_smoothing}; "
                        "expected a number in [0, 1).")
-    if self.learning_rate <= 0 or self.decay_steps < 1 or (
-        self.warmup_steps < 0):
+    if not (math.isfinite(self.learning_rate) and self.learning_rate > 0) or (
+        self.decay_steps < 1 or self.warmup_steps < 0):
       raise ValueError(
-          f"`learning_rate` ({self.learning_rate}) must be > 0, "
+          f"`learning_rate` ({self.learning_rate}) must be a finite number "
+          f"> 0, "
           f"`decay_steps` ({self.decay_steps}) >= 1 and `warmup_steps` "
           f"({self.warmup_steps}) >= 0.")
     if self.sync_replicas < 0:

@@ -36,12 +36,31 @@ flags.DEFINE_list("devices", None, "Tower devices, e.g. /gpu:0,/gpu:2.")
 flags.DEFINE_list("gpus", None, "Pin the process to these GPUs (nvidia-smi "
                   "ids), e.g. 1,3; they become /gpu:0, /gpu:1. Sets "
                   "CUDA_VISIBLE_DEVICES before TensorFlow starts.")
+
+
+def _pin_gpus_at_parse(gpus: Optional[list]) -> bool:
+  """Pins --gpus while absl parses the flags.
+
+  absl runs its init callbacks after parsing and before `main`, and
+  TensorFlow registers one (in `distribute/combinations`) that lists the
+  physical devices, which fixes the process's GPUs: later is too late.
+  """
+  if gpus is None:
+    return True
+  try:
+    devices_lib.pin_gpus(gpus)
+  except (TypeError, ValueError, RuntimeError) as error:
+    raise flags.ValidationError(str(error)) from error
+  return True
+
+
 flags.DEFINE_integer("virtual_cpus", None, "Run N towers on N virtual CPU "
                      "devices (default on machines without GPUs: 2).")
 flags.DEFINE_integer("max_steps", 1500, "train.py: train until this global "
                      "step. eval.py: stop after evaluating a checkpoint at "
                      "or past it.")
 flags.DEFINE_integer("random_seed", 1, "Graph-level random seed.")
+flags.register_validator("gpus", _pin_gpus_at_parse)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +75,8 @@ def resolve_towers(num_gpus: Optional[int], devices: Optional[list],
                    gpus: Optional[list] = None) -> Towers:
   """--devices, else --num_gpus, else --virtual_cpus, else GPUs or 2 CPUs.
 
-  With `gpus` (--gpus=1,3) the process is first pinned to those GPUs.
+  With `gpus` (--gpus=1,3) the process is first pinned to those GPUs (the
+  flag already did so while it was parsed; pinning again is a no-op).
   """
   if gpus is not None:
     devices_lib.pin_gpus(gpus)

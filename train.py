@@ -2,10 +2,13 @@
 
 With no flags it trains LeNet on the built-in digits (scikit-learn's 8x8
 handwritten digits) on every GPU, or on 2 virtual CPU towers without GPUs.
-It resumes from --model_dir when that holds a checkpoint. SIGTERM or Ctrl-C
-stops it after the current step with a final checkpoint (exit status
-128 + signal); a NaN or Inf loss stops it with an error naming the step,
-leaving the last checkpoint intact.
+It resumes from the newest usable checkpoint in --model_dir (rebuilding a
+missing or garbled `checkpoint` state file, skipping a corrupt newest
+checkpoint with a WARNING, removing leftovers of interrupted saves). SIGTERM
+or Ctrl-C stops it after the current step with a final checkpoint (exit
+status 128 + signal); a NaN or Inf loss or variable stops it with an error
+naming the step and the newest checkpoint, which holds no NaN: every save is
+checked first.
 
 On a cluster (docs/distributed.md) every task runs this script with the same
 --ps_hosts and --worker_hosts plus its own --job_name (ps, worker, evaluator)
@@ -29,6 +32,7 @@ from absl import logging
 import tensorflow as tf
 
 import estimator_multigpu as emg
+from estimator_multigpu import checkpoints
 from estimator_multigpu import cluster
 from estimator_multigpu import evaluation
 from estimator_multigpu import hooks
@@ -56,7 +60,10 @@ flags.DEFINE_integer("warmup_steps", 50, "Linear warm-up steps.")
 flags.DEFINE_float("weight_decay", 1e-4, "L2 weight decay.")
 flags.DEFINE_float("label_smoothing", 0.0, "Label smoothing.")
 flags.DEFINE_integer("save_checkpoints_steps", 500, "Checkpoint every N "
-                     "steps.")
+                     "steps (> 0; larger than --max_steps: only at the start "
+                     "and the end, including a stop by SIGTERM).")
+flags.DEFINE_integer("save_checkpoints_secs", None, "Checkpoint every N "
+                     "seconds instead of every --save_checkpoints_steps.")
 flags.DEFINE_integer("save_summary_steps", 100, "Summaries every N steps.")
 flags.DEFINE_integer("log_every_n_steps", 100, "Progress line every N steps.")
 flags.DEFINE_float("clip_gradients_by_norm", None, "Clip the combined "
@@ -82,6 +89,10 @@ flags.DEFINE_integer("ps_wait_secs", 120, "Cluster: a worker fails if a ps "
 flags.DEFINE_integer("ps_linger_secs", 60, "Cluster: a ps exits this long "
                      "after the chief finished even if a worker never "
                      "reported.")
+flags.DEFINE_integer("stop_grace_secs", 60, "After SIGTERM/Ctrl-C, exit "
+                     "without a final checkpoint if the current step has not "
+                     "finished within this time (e.g. a synchronous step "
+                     "waiting for a dead worker).")
 flags.DEFINE_integer("eval_timeout_secs", 600, "Cluster: the evaluator stops "
                      "after this long without a new checkpoint.")
 
@@ -108,6 +119,33 @@ def check_model_dir(model_dir: str, min_free_mb: int) -> None:
         f"--model_dir={model_dir} has {free_mb:.0f} MB free, less than "
         f"--min_free_disk_mb={min_free_mb}; checkpoints would fail. Free "
         "some space or choose another directory.")
+
+
+def checkpoint_schedule(steps: Optional[int], secs: Optional[int],
+                        steps_given: bool) -> tuple:
+  """(save_checkpoints_steps, save_checkpoints_secs) for RunConfig.
+
+  Raises:
+    ValueError: a value that would never save (Estimator then writes no
+      checkpoint at all, not even at the end), or both flags given.
+  """
+  if secs is not None:
+    if steps_given:
+      raise ValueError(
+          f"--save_checkpoints_steps={steps} and --save_checkpoints_secs="
+          f"{secs} both set when to save; give only one.")
+    if secs <= 0:
+      raise ValueError(
+          f"--save_checkpoints_secs={secs} would never write a checkpoint, "
+          "not even at the end or on SIGTERM; give a number of seconds > 0.")
+    return None, secs
+  if steps is None or steps <= 0:
+    raise ValueError(
+        f"--save_checkpoints_steps={steps} would never write a checkpoint, "
+        "not even at the end or on SIGTERM, so a stopped run loses "
+        "everything; give a number of steps > 0. To save only at the start "
+        "and the end (SIGTERM included), give one larger than --max_steps.")
+  return steps, None
 
 
 def classifier_config(num_classes: int,
@@ -158,11 +196,14 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
 
 def build_estimator(model_fn, config: classifier.ClassifierConfig,
                     towers: common_flags.Towers, model_dir: str,
-                    save_checkpoints_steps: int, save_summary_steps: int,
-                    random_seed: int) -> tf.estimator.Estimator:
+                    save_checkpoints_steps: Optional[int],
+                    save_summary_steps: int, random_seed: int,
+                    save_checkpoints_secs: Optional[int] = None
+                    ) -> tf.estimator.Estimator:
   run_config = tf.estimator.RunConfig(
       model_dir=model_dir, session_config=towers.session_config,
       save_checkpoints_steps=save_checkpoints_steps,
+      save_checkpoints_secs=save_checkpoints_secs,
       save_summary_steps=save_summary_steps, tf_random_seed=random_seed,
       keep_checkpoint_max=5, log_step_count_steps=None)
   return tf.estimator.Estimator(model_fn, config=run_config,
@@ -210,6 +251,8 @@ def prepare_task(task: Optional[cluster.Task],
   """
   if task is None or task.type in (cluster.CHIEF, cluster.EVALUATOR):
     check_model_dir(FLAGS.model_dir, FLAGS.min_free_disk_mb)
+  if task is None or task.is_chief:
+    checkpoints.prepare_model_dir(FLAGS.model_dir)
   if task is None:
     return towers
   os.environ["TF_CONFIG"] = task.tf_config()  # read by RunConfig.
@@ -220,7 +263,7 @@ def prepare_task(task: Optional[cluster.Task],
 
 
 def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
-                   config: classifier.ClassifierConfig
+                   config: classifier.ClassifierConfig, schedule: tuple
                    ) -> tf.estimator.Estimator:
   """The classifier Estimator for this task (summaries: chief/local only)."""
   summary_dir = FLAGS.model_dir if task is None or task.is_chief else None
@@ -229,9 +272,9 @@ def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
                             FLAGS.max_steps, FLAGS.log_every_n_steps,
                             summary_dir, len(task.trainers) if task else 1,
                             FLAGS.sync_replicas, FLAGS.scaling_report)
-  return build_estimator(model_fn, config, towers, FLAGS.model_dir,
-                         FLAGS.save_checkpoints_steps,
-                         FLAGS.save_summary_steps, FLAGS.random_seed)
+  steps, secs = schedule
+  return build_estimator(model_fn, config, towers, FLAGS.model_dir, steps,
+                         FLAGS.save_summary_steps, FLAGS.random_seed, secs)
 
 
 def train(estimator: tf.estimator.Estimator, task: Optional[cluster.Task],
@@ -240,18 +283,24 @@ def train(estimator: tf.estimator.Estimator, task: Optional[cluster.Task],
   logging.info("Training %s on %s: global batch %d over %d towers -> %s",
                FLAGS.model_name, FLAGS.dataset_name, FLAGS.batch_size,
                len(towers.devices), FLAGS.model_dir)
-  with hooks.SignalStop() as stop:
+  on_blocked = None if task is None else (
+      lambda number, secs: job_control.abandon(task, number, secs))
+  with hooks.SignalStop(blocked_secs=FLAGS.stop_grace_secs,
+                        on_blocked=on_blocked) as stop:
     def train_with(extra_hooks):
-      estimator.train(input_fn, max_steps=FLAGS.max_steps,
-                      hooks=[hooks.NonFiniteLossHook(), stop.hook(),
-                             *extra_hooks])
+      estimator.train(
+          input_fn, max_steps=FLAGS.max_steps,
+          hooks=[hooks.NonFiniteLossHook(FLAGS.model_dir), stop.hook(),
+                 *extra_hooks],
+          saving_listeners=[hooks.FiniteCheckpointListener(FLAGS.model_dir)])
     if task is None:
       train_with([])
     else:
       job_control.run_trainer(task, train_with,
                               sync_replicas=FLAGS.sync_replicas,
                               base_config=towers.session_config,
-                              ps_wait_secs=FLAGS.ps_wait_secs)
+                              ps_wait_secs=FLAGS.ps_wait_secs,
+                              stop_requested=lambda: stop.received is not None)
   return stop.received
 
 
@@ -274,8 +323,11 @@ def run(task: Optional[cluster.Task]) -> int:
     return 0
   towers, num_classes, image_size = common_flags.setup_from_flags()
   config = classifier_config(num_classes, replicas_to_aggregate(task))
+  schedule = checkpoint_schedule(FLAGS.save_checkpoints_steps,
+                                 FLAGS.save_checkpoints_secs,
+                                 FLAGS["save_checkpoints_steps"].present)
   towers = prepare_task(task, towers)
-  estimator = make_estimator(task, towers, config)
+  estimator = make_estimator(task, towers, config, schedule)
   if task is not None and task.type == cluster.EVALUATOR:
     evaluate(estimator, image_size, num_classes)
     return 0

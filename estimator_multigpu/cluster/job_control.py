@@ -16,6 +16,11 @@ shared queues on the ps tasks, driven from side sessions with timeouts.
     120 s for that thread).
   - `PsWatchdog`: a trainer whose ps stops answering mid-job exits with a
     clear error after `ps_wait_secs` instead of waiting forever.
+  - `ChiefWatch`: a worker stops when the chief has stopped (the job
+    ended), and pauses while the chief is gone (killed, being restarted):
+    without the chief nothing it trains would be saved.
+  - `abandon`: a trainer whose step cannot finish (a SIGTERM while a
+    synchronous step waits for a dead worker) reports and exits.
   - `run_trainer`: all of it around one chief's or worker's `train` call.
 """
 
@@ -36,6 +41,7 @@ tf1 = tf.compat.v1
 
 _DONE_QUEUE = "estimator_multigpu_done"
 _READY_QUEUE = "estimator_multigpu_chief_ready"
+_ENDED_QUEUE = "estimator_multigpu_job_ended"  # closed when the chief stops.
 _SYNC_TOKEN_QUEUE = b"sync_token_q"  # SyncReplicasOptimizer's shared name.
 _CONTROL_TIMEOUT_SECS = 10
 _PS_DRAIN_SECS = 1.0  # lets the last reporters close their sessions.
@@ -49,6 +55,12 @@ def _done_queue() -> tf1.FIFOQueue:
 def _ready_queue() -> tf1.FIFOQueue:
   return tf1.FIFOQueue(1, [tf.int32], shapes=[[]], name="chief_ready_queue",
                        shared_name=_READY_QUEUE)
+
+
+def _ended_queue() -> tf1.FIFOQueue:
+  """Never filled; the chief closes it when it stops: the job has ended."""
+  return tf1.FIFOQueue(1, [tf.int32], shapes=[[]], name="job_ended_queue",
+                       shared_name=_ENDED_QUEUE)
 
 
 @contextlib.contextmanager
@@ -131,8 +143,20 @@ def wait_for_chief(task: Task, timeout_secs: float) -> bool:
 
 def report_done(task: Task, succeeded: bool,
                 timeout_secs: float = 10.0) -> None:
-  """Tells every ps task that this trainer stopped (best effort)."""
+  """Tells every ps task that this trainer stopped (best effort).
+
+  The chief also marks the job as ended, so the workers stop (`ChiefWatch`).
+  """
   message = f"{task.type}:{task.index}:{'ok' if succeeded else 'failed'}"
+  if task.is_chief:
+    target, device = _ps(task, 0)
+    try:
+      with _control_session(target, device,
+                            lambda: _ended_queue().close()) as (session, close):
+        _run(session, close, timeout_secs)
+    except tf.errors.OpError as error:
+      logging.warning("%s could not tell the workers that the job ended: %s",
+                      task.device, error.message)
   for index, host in enumerate(task.ps_hosts):
     target, device = _ps(task, index)
     try:
@@ -143,6 +167,24 @@ def report_done(task: Task, succeeded: bool,
     except tf.errors.OpError as error:
       logging.warning("%s could not report to ps task %d at %s that it "
                       "stopped: %s", task.device, index, host, error.message)
+
+
+def job_ended(task: Task, timeout_secs: float = 0.2) -> bool:
+  """Whether the chief has stopped (reported), ending the job.
+
+  False also when ps task 0 does not answer (`PsWatchdog` handles that).
+  """
+  target, device = _ps(task, 0)
+  try:
+    with _control_session(target, device,
+                          lambda: _ended_queue().dequeue()) as (session,
+                                                                dequeue):
+      _run(session, dequeue, timeout_secs)
+  except tf.errors.OutOfRangeError:  # closed: the chief stopped.
+    return True
+  except tf.errors.OpError:  # DeadlineExceeded: still running; or no ps.
+    return False
+  return False
 
 
 def serve_ps(task: Task, linger_secs: float = 60.0) -> list:
@@ -209,8 +251,15 @@ class ClusterHook(tf1.train.SessionRunHook):
 
   def after_create_session(self, session, coord):
     self._coord = coord
-    if self._announce is not None:
+    if self._announce is None:
+      return
+    try:
       session.run(self._announce)
+    except tf.errors.CancelledError:
+      # "Queue ... is already closed": this chief was restarted and the
+      # workers already know the variables exist; it restored them again.
+      logging.info("The chief rejoined its job: the workers had already "
+                   "been told that the variables are initialized.")
 
   def end(self, session):
     if self._close_tokens is None:
@@ -299,11 +348,112 @@ class PsWatchdog:
     exit_process(1)
 
 
+def _chief_answers(task: Task, timeout_secs: float) -> bool:
+  """Whether the chief's server runs a trivial op within `timeout_secs`."""
+  target = f"grpc://{task.cluster[CHIEF][0]}"
+  try:
+    with _control_session(target, f"/job:{CHIEF}/task:0",
+                          lambda: tf.constant(0)) as (session, probe):
+      _run(session, probe, timeout_secs)
+    return True
+  except tf.errors.OpError:
+    return False
+
+
+class ChiefWatch(tf1.train.SessionRunHook):
+  """A worker's view of its chief: stop when the job ended, wait while gone.
+
+  A daemon thread probes every `probe_secs` whether the chief has stopped
+  (`job_ended`) and whether its server answers. The hook then:
+  - requests a stop once the chief has stopped: the job ended;
+  - pauses before the next step once the chief has not answered for
+    `patience_secs` (killed, or being restarted): only the chief saves, so
+    steps without it would be lost when it restores the last checkpoint. It
+    resumes when the chief answers again, and raises `RuntimeError` after
+    `max_wait_secs` without it.
+  """
+
+  def __init__(self, task: Task, patience_secs: float = 10.0,
+               max_wait_secs: float = 600.0, probe_secs: float = 2.0,
+               stop_requested: Callable[[], bool] = lambda: False):
+    self._task, self._patience = task, patience_secs
+    self._max_wait, self._probe = max_wait_secs, probe_secs
+    self._stop_requested = stop_requested
+    self._ended = threading.Event()
+    self._last_answer = time.monotonic()
+    self._done = threading.Event()
+
+  def begin(self):
+    self._done.clear()
+    threading.Thread(target=self._watch, daemon=True,
+                     name="chief_watch").start()
+
+  def end(self, session):
+    self._done.set()
+
+  def _watch(self) -> None:
+    while not self._done.wait(self._probe):
+      if job_ended(self._task):
+        self._ended.set()
+        return
+      if _chief_answers(self._task, self._probe):
+        self._last_answer = time.monotonic()
+
+  def _silent_secs(self) -> float:
+    return time.monotonic() - self._last_answer
+
+  def before_run(self, run_context):
+    if self._silent_secs() < self._patience or self._ended.is_set():
+      return
+    chief = self._task.cluster[CHIEF][0]
+    logging.warning(
+        "%s: the chief at %s has not answered for %.0f s; pausing this "
+        "worker until it is back (without the chief nothing trained here "
+        "would be saved). Restart the chief with the same command; it "
+        "restores the last checkpoint and this worker resumes.",
+        self._task.device, chief, self._silent_secs())
+    while self._silent_secs() >= self._patience and not (
+        self._ended.is_set() or self._stop_requested()):
+      if self._silent_secs() > self._max_wait:
+        raise RuntimeError(
+            f"{self._task.device}: the chief at {chief} has not answered for "
+            f"{self._silent_secs():.0f} s; stopping this worker. Restart the "
+            "chief (same command), then this worker.")
+      time.sleep(0.5)
+    if not (self._ended.is_set() or self._stop_requested()):
+      logging.info("%s: the chief is back; resuming.", self._task.device)
+    else:
+      run_context.request_stop()
+
+  def after_run(self, run_context, run_values):
+    if self._ended.is_set():
+      logging.info("%s: the chief has stopped, so the job has ended; "
+                   "stopping this worker.", self._task.device)
+      run_context.request_stop()
+
+
+def abandon(task: Task, signal_number: int, waited_secs: float) -> None:
+  """Ends a trainer whose step did not finish after a stop signal.
+
+  Reports to the ps tasks (so they exit), logs why, and exits with status
+  128 + `signal_number`. No final checkpoint: the session is busy.
+  """
+  logging.error(
+      "%s: signal %d arrived %.0f s ago, but the current step has not "
+      "finished (in sync mode a step waits for every worker: is one dead?). "
+      "Exiting now without a final checkpoint; a restart resumes from the "
+      "newest checkpoint in the model dir.", task.device, signal_number,
+      waited_secs)
+  report_done(task, succeeded=False, timeout_secs=5.0)
+  exit_process(128 + signal_number)
+
+
 def run_trainer(task: Task, train: Callable[[list], Any], *,
                 sync_replicas: bool,
                 base_config: Optional[tf1.ConfigProto] = None,
                 ps_wait_secs: float = 120.0,
-                chief_wait_secs: float = 600.0) -> Any:
+                chief_wait_secs: float = 600.0,
+                stop_requested: Callable[[], bool] = lambda: False) -> Any:
   """Runs the chief or a worker: server, waits, `train(hooks)`, report.
 
   Args:
@@ -314,19 +464,34 @@ def run_trainer(task: Task, train: Callable[[list], Any], *,
     base_config: the towers' session config (devices the server offers).
     ps_wait_secs: how long to wait for the ps tasks before failing, at the
       start and whenever one stops answering during training.
-    chief_wait_secs: how long a worker waits for initialized variables.
+    chief_wait_secs: how long a worker waits for initialized variables, and
+      for a chief that has gone away mid-job.
+    stop_requested: whether a stop signal arrived (a paused worker then
+      stops waiting for its chief).
 
   Returns:
     What `train` returned.
+
+  Raises:
+    RuntimeError: the job on these ps tasks has already ended.
   """
   server = start_server(task, base_config)  # pylint: disable=unused-variable
   wait_for_ps(task, ps_wait_secs)
+  if job_ended(task, timeout_secs=1.0):
+    raise RuntimeError(
+        f"{task.device}: the job on ps tasks {', '.join(task.ps_hosts)} has "
+        "already ended (its chief stopped); the ps tasks exit within "
+        "--ps_linger_secs. Start the whole job again (ps tasks first); the "
+        "chief resumes from the last checkpoint.")
+  hooks = [ClusterHook(task.is_chief, sync_replicas)]
   if not task.is_chief:
     wait_for_chief(task, chief_wait_secs)
+    hooks.insert(0, ChiefWatch(task, max_wait_secs=chief_wait_secs,
+                               stop_requested=stop_requested))
   succeeded = False
   try:
     with PsWatchdog(task, ps_wait_secs):
-      result = train([ClusterHook(task.is_chief, sync_replicas)])
+      result = train(hooks)
     succeeded = True
     return result
   finally:
