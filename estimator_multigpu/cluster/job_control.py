@@ -14,11 +14,8 @@ shared queues on the ps tasks, driven from side sessions with timeouts.
     the release of the workers waiting for a token and of its own
     aggregation thread at the end (MonitoredSession would otherwise wait
     120 s for that thread).
-  - `PsWatchdog`: a trainer whose ps stops answering mid-job exits with a
-    clear error after `ps_wait_secs` instead of waiting forever.
-  - `ChiefWatch`: a worker stops when the chief has stopped (the job
-    ended), and pauses while the chief is gone (killed, being restarted):
-    without the chief nothing it trains would be saved.
+  - `PsWatchdog`, `ChiefWatch` (in `watchdogs`, re-exported here): a
+    trainer's watch on its ps tasks and its chief.
   - `abandon`: a trainer whose step cannot finish (a SIGTERM while a
     synchronous step waits for a dead worker) reports and exits.
   - `run_trainer`: all of it around one chief's or worker's `train` call.
@@ -26,67 +23,28 @@ shared queues on the ps tasks, driven from side sessions with timeouts.
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from typing import Any, Callable, Optional
 
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu.cluster.control import control_session
+from estimator_multigpu.cluster.control import done_queue
+from estimator_multigpu.cluster.control import ended_queue
+from estimator_multigpu.cluster.control import job_ended
+from estimator_multigpu.cluster.control import ps_endpoint
+from estimator_multigpu.cluster.control import ready_queue
+from estimator_multigpu.cluster.control import run_with_timeout
 from estimator_multigpu.cluster.task import CHIEF, PS, Task, exit_process
 from estimator_multigpu.cluster.task import start_server
+from estimator_multigpu.cluster.watchdogs import ChiefWatch
+from estimator_multigpu.cluster.watchdogs import PsWatchdog
 
 tf1 = tf.compat.v1
 
-_DONE_QUEUE = "estimator_multigpu_done"
-_READY_QUEUE = "estimator_multigpu_chief_ready"
-_ENDED_QUEUE = "estimator_multigpu_job_ended"  # closed when the chief stops.
 _SYNC_TOKEN_QUEUE = b"sync_token_q"  # SyncReplicasOptimizer's shared name.
-_CONTROL_TIMEOUT_SECS = 10
 _PS_DRAIN_SECS = 1.0  # lets the last reporters close their sessions.
-
-
-def _done_queue() -> tf1.FIFOQueue:
-  return tf1.FIFOQueue(1000, [tf.string], shapes=[[]], name="done_queue",
-                       shared_name=_DONE_QUEUE)
-
-
-def _ready_queue() -> tf1.FIFOQueue:
-  return tf1.FIFOQueue(1, [tf.int32], shapes=[[]], name="chief_ready_queue",
-                       shared_name=_READY_QUEUE)
-
-
-def _ended_queue() -> tf1.FIFOQueue:
-  """Never filled; the chief closes it when it stops: the job has ended."""
-  return tf1.FIFOQueue(1, [tf.int32], shapes=[[]], name="job_ended_queue",
-                       shared_name=_ENDED_QUEUE)
-
-
-@contextlib.contextmanager
-def _control_session(target: str, device: str, build: Callable):
-  """A session on `target` running the op `build()` places on `device`.
-
-  Its calls time out after `_CONTROL_TIMEOUT_SECS` unless a run says
-  otherwise: closing a session on a ps that just exited would wait forever.
-  """
-  graph = tf.Graph()
-  with graph.as_default(), tf.device(device):
-    fetch = build()
-  config = tf1.ConfigProto(device_filters=[device], operation_timeout_in_ms=(
-      _CONTROL_TIMEOUT_SECS * 1000))
-  with tf1.Session(target, graph=graph, config=config) as session:
-    yield session, fetch
-
-
-def _run(session: tf1.Session, fetch: Any, timeout_secs: float) -> Any:
-  options = tf1.RunOptions(timeout_in_ms=max(int(timeout_secs * 1000), 1))
-  return session.run(fetch, options=options)
-
-
-def _ps(task: Task, index: int) -> tuple:
-  return f"grpc://{task.ps_hosts[index]}", f"/job:{PS}/task:{index}"
-
 
 def wait_for_ps(task: Task, timeout_secs: float) -> None:
   """Returns once every ps task answers; raises after `timeout_secs`.
@@ -96,7 +54,7 @@ def wait_for_ps(task: Task, timeout_secs: float) -> None:
   """
   deadline = time.monotonic() + timeout_secs
   for index, host in enumerate(task.ps_hosts):
-    target, device = _ps(task, index)
+    target, device = ps_endpoint(task, index)
     while True:
       remaining = deadline - time.monotonic()
       if remaining <= 0:
@@ -107,9 +65,9 @@ def wait_for_ps(task: Task, timeout_secs: float) -> None:
             "and reachable from this machine, or wait longer (train.py: "
             "--ps_wait_secs).")
       try:
-        with _control_session(target, device, lambda: tf.constant(0)) as (
+        with control_session(target, device, lambda: tf.constant(0)) as (
             session, probe):
-          _run(session, probe, min(remaining, 10.0))
+          run_with_timeout(session, probe, min(remaining, 10.0))
         break
       except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
         logging.info("%s: waiting for ps task %d at %s (%.0f s left)",
@@ -124,13 +82,13 @@ def wait_for_chief(task: Task, timeout_secs: float) -> bool:
     Whether it did within `timeout_secs` (if not, Estimator's own check
     takes over, which polls every 30 s).
   """
-  target, device = _ps(task, 0)
+  target, device = ps_endpoint(task, 0)
   deadline = time.monotonic() + timeout_secs
-  with _control_session(target, device, lambda: _ready_queue().dequeue()) as (
+  with control_session(target, device, lambda: ready_queue().dequeue()) as (
       session, dequeue):
     while time.monotonic() < deadline:
       try:
-        _run(session, dequeue, min(deadline - time.monotonic(), 10.0))
+        run_with_timeout(session, dequeue, min(deadline - time.monotonic(), 10.0))
       except tf.errors.OutOfRangeError:  # closed by the chief: ready.
         return True
       except tf.errors.DeadlineExceededError:
@@ -149,42 +107,24 @@ def report_done(task: Task, succeeded: bool,
   """
   message = f"{task.type}:{task.index}:{'ok' if succeeded else 'failed'}"
   if task.is_chief:
-    target, device = _ps(task, 0)
+    target, device = ps_endpoint(task, 0)
     try:
-      with _control_session(target, device,
-                            lambda: _ended_queue().close()) as (session, close):
-        _run(session, close, timeout_secs)
+      with control_session(target, device,
+                            lambda: ended_queue().close()) as (session, close):
+        run_with_timeout(session, close, timeout_secs)
     except tf.errors.OpError as error:
       logging.warning("%s could not tell the workers that the job ended: %s",
                       task.device, error.message)
   for index, host in enumerate(task.ps_hosts):
-    target, device = _ps(task, index)
+    target, device = ps_endpoint(task, index)
     try:
-      with _control_session(target, device,
-                            lambda: _done_queue().enqueue([message])) as (
+      with control_session(target, device,
+                            lambda: done_queue().enqueue([message])) as (
                                 session, enqueue):
-        _run(session, enqueue, timeout_secs)
+        run_with_timeout(session, enqueue, timeout_secs)
     except tf.errors.OpError as error:
       logging.warning("%s could not report to ps task %d at %s that it "
                       "stopped: %s", task.device, index, host, error.message)
-
-
-def job_ended(task: Task, timeout_secs: float = 0.2) -> bool:
-  """Whether the chief has stopped (reported), ending the job.
-
-  False also when ps task 0 does not answer (`PsWatchdog` handles that).
-  """
-  target, device = _ps(task, 0)
-  try:
-    with _control_session(target, device,
-                          lambda: _ended_queue().dequeue()) as (session,
-                                                                dequeue):
-      _run(session, dequeue, timeout_secs)
-  except tf.errors.OutOfRangeError:  # closed: the chief stopped.
-    return True
-  except tf.errors.OpError:  # DeadlineExceeded: still running; or no ps.
-    return False
-  return False
 
 
 def serve_ps(task: Task, linger_secs: float = 60.0) -> list:
@@ -201,12 +141,12 @@ def serve_ps(task: Task, linger_secs: float = 60.0) -> list:
   pending, chief_done_at = set(task.trainers), None
   logging.info("ps task %d serving at %s until %s stop", task.index,
                server.target, ", ".join(sorted(pending)))
-  with _control_session(server.target, task.device,
-                        lambda: _done_queue().dequeue()) as (session, dequeue):
+  with control_session(server.target, task.device,
+                        lambda: done_queue().dequeue()) as (session, dequeue):
     while pending and (chief_done_at is None or
                        time.monotonic() - chief_done_at < linger_secs):
       try:
-        message = _run(session, dequeue, 1.0).decode()
+        message = run_with_timeout(session, dequeue, 1.0).decode()
       except tf.errors.DeadlineExceededError:
         continue
       trainer, status = message.rsplit(":", 1)
@@ -245,7 +185,7 @@ class ClusterHook(tf1.train.SessionRunHook):
     if not self._is_chief:
       return
     with tf.device(f"/job:{PS}/task:0"):
-      self._announce = _ready_queue().close()
+      self._announce = ready_queue().close()
     if self._sync_replicas:
       self._close_tokens = _close_sync_token_queue(tf1.get_default_graph())
 
@@ -286,150 +226,6 @@ def _close_sync_token_queue(graph: tf.Graph) -> tf.Operation:
         "total_num_replicas=n)), or train asynchronously.")
   with tf1.colocate_with(queues[0]):
     return tf.raw_ops.QueueCloseV2(handle=queues[0].outputs[0])
-
-
-def _answers(task: Task, index: int, timeout_secs: float) -> bool:
-  """Whether ps task `index` runs a trivial op within `timeout_secs`."""
-  target, device = _ps(task, index)
-  try:
-    with _control_session(target, device, lambda: tf.constant(0)) as (
-        session, probe):
-      _run(session, probe, timeout_secs)
-    return True
-  except tf.errors.OpError:
-    return False
-
-
-class PsWatchdog:
-  """Ends a trainer whose ps tasks stop answering while it trains.
-
-  When a ps dies mid-job, MonitoredSession recreates its session and waits
-  for the ps with no time limit. This daemon thread probes every ps task each
-  `probe_secs`; once one has not answered for `patience_secs`, it calls
-  `on_lost(index, silent_secs)`, by default: log why, exit with status 1.
-  Use it as a context manager around training.
-  """
-
-  def __init__(self, task: Task, patience_secs: float,
-               probe_secs: float = 2.0,
-               on_lost: Optional[Callable[[int, float], None]] = None):
-    self._task, self._patience, self._probe = task, patience_secs, probe_secs
-    self._on_lost = on_lost or self._exit
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._watch, daemon=True,
-                                    name="ps_watchdog")
-
-  def __enter__(self) -> "PsWatchdog":
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc_info) -> None:
-    self._stop.set()  # a probe under way finishes on its own (daemon).
-
-  def _watch(self) -> None:
-    last_answer = [time.monotonic()] * len(self._task.ps_hosts)
-    while not self._stop.wait(self._probe):
-      for index, answered_at in enumerate(last_answer):
-        if _answers(self._task, index, self._probe):
-          last_answer[index] = time.monotonic()
-          continue
-        silent = time.monotonic() - answered_at
-        if silent >= self._patience and not self._stop.is_set():
-          self._on_lost(index, silent)
-          return
-
-  def _exit(self, index: int, silent_secs: float) -> None:
-    logging.error(
-        "%s: ps task %d at %s has not answered for %.0f s while training; "
-        "stopping (status 1) instead of waiting for it forever. The ps "
-        "holds the variables: restart it, then this task; the chief "
-        "restores the last checkpoint in model_dir.", self._task.device,
-        index, self._task.ps_hosts[index], silent_secs)
-    exit_process(1)
-
-
-def _chief_answers(task: Task, timeout_secs: float) -> bool:
-  """Whether the chief's server runs a trivial op within `timeout_secs`."""
-  target = f"grpc://{task.cluster[CHIEF][0]}"
-  try:
-    with _control_session(target, f"/job:{CHIEF}/task:0",
-                          lambda: tf.constant(0)) as (session, probe):
-      _run(session, probe, timeout_secs)
-    return True
-  except tf.errors.OpError:
-    return False
-
-
-class ChiefWatch(tf1.train.SessionRunHook):
-  """A worker's view of its chief: stop when the job ended, wait while gone.
-
-  A daemon thread probes every `probe_secs` whether the chief has stopped
-  (`job_ended`) and whether its server answers. The hook then:
-  - requests a stop once the chief has stopped: the job ended;
-  - pauses before the next step once the chief has not answered for
-    `patience_secs` (killed, or being restarted): only the chief saves, so
-    steps without it would be lost when it restores the last checkpoint. It
-    resumes when the chief answers again, and raises `RuntimeError` after
-    `max_wait_secs` without it.
-  """
-
-  def __init__(self, task: Task, patience_secs: float = 10.0,
-               max_wait_secs: float = 600.0, probe_secs: float = 2.0,
-               stop_requested: Callable[[], bool] = lambda: False):
-    self._task, self._patience = task, patience_secs
-    self._max_wait, self._probe = max_wait_secs, probe_secs
-    self._stop_requested = stop_requested
-    self._ended = threading.Event()
-    self._last_answer = time.monotonic()
-    self._done = threading.Event()
-
-  def begin(self):
-    self._done.clear()
-    threading.Thread(target=self._watch, daemon=True,
-                     name="chief_watch").start()
-
-  def end(self, session):
-    self._done.set()
-
-  def _watch(self) -> None:
-    while not self._done.wait(self._probe):
-      if job_ended(self._task):
-        self._ended.set()
-        return
-      if _chief_answers(self._task, self._probe):
-        self._last_answer = time.monotonic()
-
-  def _silent_secs(self) -> float:
-    return time.monotonic() - self._last_answer
-
-  def before_run(self, run_context):
-    if self._silent_secs() < self._patience or self._ended.is_set():
-      return
-    chief = self._task.cluster[CHIEF][0]
-    logging.warning(
-        "%s: the chief at %s has not answered for %.0f s; pausing this "
-        "worker until it is back (without the chief nothing trained here "
-        "would be saved). Restart the chief with the same command; it "
-        "restores the last checkpoint and this worker resumes.",
-        self._task.device, chief, self._silent_secs())
-    while self._silent_secs() >= self._patience and not (
-        self._ended.is_set() or self._stop_requested()):
-      if self._silent_secs() > self._max_wait:
-        raise RuntimeError(
-            f"{self._task.device}: the chief at {chief} has not answered for "
-            f"{self._silent_secs():.0f} s; stopping this worker. Restart the "
-            "chief (same command), then this worker.")
-      time.sleep(0.5)
-    if not (self._ended.is_set() or self._stop_requested()):
-      logging.info("%s: the chief is back; resuming.", self._task.device)
-    else:
-      run_context.request_stop()
-
-  def after_run(self, run_context, run_values):
-    if self._ended.is_set():
-      logging.info("%s: the chief has stopped, so the job has ended; "
-                   "stopping this worker.", self._task.device)
-      run_context.request_stop()
 
 
 def abandon(task: Task, signal_number: int, waited_secs: float) -> None:
