@@ -11,6 +11,18 @@ tf1 = tf.compat.v1
 TRAIN = tf.estimator.ModeKeys.TRAIN
 
 
+# `multi_gpu` options of each variable mode and reduction the exactness tests
+# run in: shared variables, and replicated ones with every all-reduce.
+VARIABLE_MODES = {
+    "shared": {},
+    "replicated": {"variable_update": "replicated"},
+    "replicated_add_n": {"variable_update": "replicated",
+                         "all_reduce": "add_n"},
+    "replicated_packed": {"variable_update": "replicated",
+                          "gradient_packing_bytes": 16},
+}
+
+
 def cpu_devices(num_towers):
   return [f"/cpu:{i}" for i in range(num_towers)]
 
