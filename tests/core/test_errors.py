@@ -89,6 +89,15 @@ def test_devices_the_session_lacks_are_listed(devices, missing,
     ({"ema_decay": "0.9"}, "`ema_decay` must be a number"),
     ({"clip_gradients_by_norm": -1.0}, "`clip_gradients_by_norm` is -1.0"),
     ({"ps_device": "/tpu:0"}, "'/tpu:0' is not a device"),
+    ({"variable_update": "mirrored"}, "`variable_update` is 'mirrored'"),
+    ({"all_reduce": "add_n"}, "only applies to replicated variables"),
+    ({"gradient_packing_bytes": 1024}, "only applies to replicated"),
+    ({"variable_update": "replicated", "all_reduce": "nccl"},
+     "`all_reduce` is 'nccl'; expected one of 'collective', 'add_n'"),
+    ({"variable_update": "replicated", "gradient_packing_bytes": -1},
+     "`gradient_packing_bytes` is -1; expected 0"),
+    ({"variable_update": "replicated", "gradient_packing_bytes": 1.5},
+     "`gradient_packing_bytes` must be an int"),
 ])
 def test_bad_option_values(options, message):
   with pytest.raises((TypeError, ValueError), match=message):
