@@ -11,7 +11,9 @@ tf_cnn_benchmarks' `replicated` mode, tensorpack's
   copy's initializer reads tower 0's variable, and Estimator runs the local
   initializers after the global ones or a restore, so the copies start equal
   to tower 0's values, restored or fresh. Inside tower i,
-  `tf.compat.v1.trainable_variables()` lists the tower's copies. Everything
+  `tf.compat.v1.trainable_variables()` lists the tower's copies and
+  REGULARIZATION_LOSSES holds the regularizers of those copies (a
+  `get_variable` regularizer is applied to the copy). Everything
   else (batch-norm statistics, metric state, `global_step`) is tower 0's,
   shared as in "shared" mode.
 - Each step the towers' weighted gradients are all-reduced (`allreduce`) and
@@ -40,6 +42,11 @@ from estimator_multigpu import gradients as gradients_lib
 from estimator_multigpu import strategies
 
 tf1 = tf.compat.v1
+
+
+# What tower 1.. sees of its own only: its copies, and their regularizers.
+_PER_TOWER_COLLECTIONS = (tf1.GraphKeys.TRAINABLE_VARIABLES,
+                          tf1.GraphKeys.REGULARIZATION_LOSSES)
 
 
 def local_copy(original: tf.Variable, name: str, trainable: bool):
@@ -85,7 +92,8 @@ class ReplicatedVariables(strategies.SharedVariables):
     return tower.device
 
   def substitute(self, tower):
-    return lambda variable: self.copy_for(tower, variable)
+    return lambda variable, regularizer=None: self.copy_for(
+        tower, variable, regularizer)
 
   @contextlib.contextmanager
   def sharing_scope(self, tower):
@@ -94,18 +102,25 @@ class ReplicatedVariables(strategies.SharedVariables):
         yield
       self._replicated = {v.op.name for v in tf1.trainable_variables()}
       return
-    trainables = tf1.get_default_graph().get_collection_ref(
-        tf1.GraphKeys.TRAINABLE_VARIABLES)
-    kept = list(trainables)
-    trainables[:] = []  # the tower's copies join as they are made.
+    graph = tf1.get_default_graph()
+    own = [graph.get_collection_ref(key) for key in _PER_TOWER_COLLECTIONS]
+    kept = [list(collection) for collection in own]
+    for collection in own:
+      collection[:] = []  # the tower's copies (and their losses) join.
     try:
       with super().sharing_scope(tower):
         yield
     finally:
-      trainables[:] = kept
+      for collection, items in zip(own, kept):
+        collection[:] = items
 
-  def copy_for(self, tower, variable):
-    """Tower `tower`'s copy of tower 0's trainable `variable` (made once)."""
+  def copy_for(self, tower, variable, regularizer=None):
+    """Tower `tower`'s copy of tower 0's trainable `variable` (made once).
+
+    A `regularizer` (from `get_variable`) is applied to the new copy, its
+    loss added to the tower's REGULARIZATION_LOSSES, as `get_variable` did
+    for tower 0's variable.
+    """
     if (not isinstance(variable, tf.Variable) or
         variable.op.name not in self._replicated):
       return variable
@@ -116,6 +131,11 @@ class ReplicatedVariables(strategies.SharedVariables):
       self._copies[key] = replica
       self._originals[replica.op.name] = variable
       tower.local_variables[variable.op.name] = replica
+      if regularizer is not None:
+        with tf.name_scope(f"{variable.op.name}/Regularizer"):
+          loss = regularizer(replica)
+        if loss is not None:
+          tf1.add_to_collection(tf1.GraphKeys.REGULARIZATION_LOSSES, loss)
     return self._copies[key]
 
   def apply_gradients(self, towers: list,

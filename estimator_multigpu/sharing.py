@@ -139,8 +139,9 @@ def check_no_new_globals(tower, before: set) -> None:
 def reuse_scope_for_get_variable(tower, substitute=None):
   """`get_variable` in tower `tower` returns tower 0's variable of that name.
 
-  With `substitute` (`variable -> variable`), it returns what `substitute`
-  makes of tower 0's variable instead (the tower's own copy).
+  With `substitute` (`(variable, regularizer) -> variable`), it returns what
+  `substitute` makes of tower 0's variable and the call's regularizer
+  instead (the tower's own copy, regularized like tower 0's).
 
   Anything `get_variable` refuses there (a name tower 0 never created, another
   shape) becomes a `VariableMismatchError` naming the tower and the variable.
@@ -155,7 +156,8 @@ def reuse_scope_for_get_variable(tower, substitute=None):
           f"Tower {tower.index} asked `get_variable` for a variable that "
           f"tower 0 did not create with that name and shape: `{name}` "
           f"(TensorFlow said: {error})") from error
-    return substitute(variable) if substitute else variable
+    return (substitute(variable, kwargs.get("regularizer")) if substitute
+            else variable)
 
   with tf1.variable_scope(tf1.get_variable_scope(), reuse=True,
                           custom_getter=tower0_getter):

@@ -312,3 +312,42 @@ def test_plan_log_names_the_replicated_mode(session_config, caplog):
               "multi_gpu train: 3 towers on /cpu:0, /cpu:1, /cpu:2; "
               "variables a copy per tower; gradients all-reduced by add_n; "
               "global batch 5 -> per-tower batch [2, 2, 1]"]
+
+
+@pytest.mark.parametrize("kind", ["get_variable", "layers", "keras",
+                                  "trainable_variables"])
+def test_weight_decay_applies_to_each_towers_copies(kind, session_config):
+  # Tower i's REGULARIZATION_LOSSES and trainable_variables() are its own
+  # copies', so weight decay reaches every tower's gradient; the run must
+  # equal the unwrapped model_fn's (loss and weights), like the shared mode.
+  def model_fn(features, labels, mode):
+    decay = lambda w: 0.1 * tf.reduce_sum(tf.square(w))
+    init = tf1.constant_initializer(0.3)
+    if kind == "get_variable":
+      pred = tf.matmul(features, tf1.get_variable(
+          "w", [3, 2], initializer=init, regularizer=decay))
+    elif kind == "layers":
+      pred = tf1.layers.dense(features, 2, kernel_initializer=init,
+                              kernel_regularizer=decay)
+    elif kind == "keras":
+      pred = tf.keras.layers.Dense(2, kernel_initializer=init,
+                                   kernel_regularizer=decay)(features)
+    else:
+      pred = tf.matmul(features, tf1.get_variable("w", [3, 2],
+                                                  initializer=init))
+    loss = tf.reduce_mean(tf.square(pred - labels))
+    if kind == "trainable_variables":
+      loss += tf.add_n([decay(v) for v in tf1.trainable_variables()])
+    else:
+      loss += tf1.losses.get_regularization_loss()
+    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=opt.minimize(
+        loss, tf1.train.get_global_step()))
+
+  want, want_loss = harness.train(model_fn, X, Y, 3, session_config)
+  got, loss = harness.train(model_fn, X, Y, 3, session_config, num_towers=3,
+                            variable_update="replicated")
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+  assert sorted(got) == sorted(want)
+  for name, value in want.items():
+    np.testing.assert_allclose(got[name], value, atol=1e-6, err_msg=name)
