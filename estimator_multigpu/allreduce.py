@@ -8,7 +8,8 @@ in every tower (so replicated copies stay equal). Two algorithms:
   (`CollectiveReduceV2`, `CollectiveGatherV2`); NCCL when every tower is a
   GPU, a ring over the host otherwise. Each tower's collectives are chained
   by control dependencies so every device launches them in the same order
-  (NCCL deadlocks otherwise).
+  (NCCL deadlocks otherwise): last variable first, the order in which the
+  backward pass produces gradients, so reductions overlap it.
 - "add_n": the towers' gradients are summed once on the aggregation device
   and every tower reads that one sum (tf_cnn_benchmarks' `pscpu`/`psgpu`
   all-reduce specs). Also the fallback for dtypes the collectives lack.
@@ -116,9 +117,9 @@ def all_reduce(tower_grads: list, variables: list, devices: Sequence[str],
   results = [[None] * len(variables) for _ in range(num_towers)]
   collectives = (_Collectives(devices)
                  if algorithm == "collective" and num_towers > 1 else None)
-  dense = [k for k, column in enumerate(columns)
-           if column is not None and not isinstance(column[0],
-                                                    tf.IndexedSlices)]
+  ready_first = list(reversed(range(len(columns))))  # backward-pass order.
+  dense = [k for k in ready_first if columns[k] is not None and
+           not isinstance(columns[k][0], tf.IndexedSlices)]
   for keys, packed in _buckets(columns, dense, packing_bytes,
                                   devices):
     summed = _sum_dense(packed, collectives, aggregation_device, devices)
@@ -126,7 +127,8 @@ def all_reduce(tower_grads: list, variables: list, devices: Sequence[str],
                                            devices)):
       for k, piece in zip(keys, pieces):
         results[tower][k] = piece
-  for k, column in enumerate(columns):
+  for k in ready_first:
+    column = columns[k]
     if column is not None and isinstance(column[0], tf.IndexedSlices):
       for tower, piece in enumerate(_sum_sparse(column, collectives,
                                                 aggregation_device, devices)):
