@@ -68,6 +68,11 @@ flags.DEFINE_integer("save_summary_steps", 100, "Summaries every N steps.")
 flags.DEFINE_integer("log_every_n_steps", 100, "Progress line every N steps.")
 flags.DEFINE_float("clip_gradients_by_norm", None, "Clip the combined "
                    "gradient to this global norm.")
+flags.DEFINE_enum("variable_update", "shared", ["shared", "replicated"],
+                  "shared: one copy of the variables on the aggregation "
+                  "device (tf_cnn_benchmarks parameter_server); replicated: "
+                  "a copy per tower and all-reduced gradients "
+                  "(tf_cnn_benchmarks replicated).")
 flags.DEFINE_bool("scaling_report", True, "Log the scaling report (input "
                   "wait, per-tower throughput) and warn when input-bound.")
 flags.DEFINE_integer("min_free_disk_mb", 50, "Refuse to start when the model "
@@ -168,7 +173,8 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
                    global_batch_size: int, max_steps: int,
                    log_every_n_steps: int, model_dir: Optional[str],
                    trainers: int = 1, sync_replicas: bool = False,
-                   scaling_report: bool = True):
+                   scaling_report: bool = True,
+                   variable_update: str = "shared"):
   """The classifier model_fn on the towers, with progress (and scaling) hooks.
 
   The hook writes throughput summaries to `model_dir` (None: only logs). On
@@ -178,7 +184,8 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
   """
   wrapped = emg.multi_gpu(classifier.model_fn, devices=towers.devices,
                           ema_decay=ema_decay,
-                          clip_gradients_by_norm=clip_norm)
+                          clip_gradients_by_norm=clip_norm,
+                          variable_update=variable_update)
   examples_per_step = global_batch_size * (trainers if sync_replicas else 1)
 
   num_towers = len(towers.devices) * trainers
@@ -271,7 +278,8 @@ def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
                             FLAGS.clip_gradients_by_norm, FLAGS.batch_size,
                             FLAGS.max_steps, FLAGS.log_every_n_steps,
                             summary_dir, len(task.trainers) if task else 1,
-                            FLAGS.sync_replicas, FLAGS.scaling_report)
+                            FLAGS.sync_replicas, FLAGS.scaling_report,
+                            FLAGS.variable_update)
   steps, secs = schedule
   return build_estimator(model_fn, config, towers, FLAGS.model_dir, steps,
                          FLAGS.save_summary_steps, FLAGS.random_seed, secs)

@@ -93,6 +93,22 @@ def throughput_table(rows: list) -> str:
   return "\n".join(lines)
 
 
+def modes_table(rows: list) -> str:
+  """Markdown: shared vs replicated variables at each tower count > 1."""
+  lines = ["| model | towers | shared ex/s | replicated ex/s | replicated / "
+           "shared | shared RSS MB | replicated RSS MB |",
+           "|---|---|---|---|---|---|---|"]
+  for row in rows:
+    replicated = find(rows, row.model, "replicated", row.towers)
+    if row.system != "multi_gpu" or replicated is None:
+      continue
+    lines.append(
+        f"| {row.model} | {row.towers} | {_rate(row.median)} | "
+        f"{_rate(replicated.median)} | {_fmt(ratio(replicated, row))}x | "
+        f"{row.max_rss_mb:.0f} | {replicated.max_rss_mb:.0f} |")
+  return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def graph_table(model: str, results: dict, towers: list) -> str:
   """Markdown: build seconds per tower count, with and without equality."""
   header = "| towers | " + " | ".join(str(k) for k in towers) + " |"

@@ -1,5 +1,6 @@
-"""Benchmarks `multi_gpu` against the unwrapped model_fn, MirroredStrategy
-and the hand-written tower loop: `python -m bench.run [--quick]`.
+"""Benchmarks `multi_gpu` (shared and replicated variables, side by side)
+against the unwrapped model_fn, MirroredStrategy and the hand-written tower
+loop: `python -m bench.run [--quick]`.
 
 Prints markdown tables and PASS/MISS target lines, writes JSON (--output).
 Every system runs in its own subprocess; timed windows are interleaved, so
@@ -89,6 +90,7 @@ def jobs_for(model: str, config: dict) -> list:
       system, k, model, config["kind"], *threads)
   jobs = ([make("single", 1)] +
           [make("multi_gpu", k) for k in config["towers"]] +
+          [make("replicated", k) for k in config["towers"] if k > 1] +
           [make("multi_gpu", k, v) for v in config["thread_variants"]
            for k in config["towers"]] +
           [make("mirrored", k) for k in config["towers"]] +
@@ -137,6 +139,10 @@ def print_report(config: dict, rows: list, graph: dict, checks: list,
         "system, interleaved; load average before the run "
         f"{config['load_average_before']:.1f})\n")
   print(report.throughput_table(rows))
+  modes = report.modes_table(rows)
+  if modes:
+    print("\nVariable modes (multi_gpu shared vs replicated, same run):\n")
+    print(modes)
   if graph:
     print("\n" + report.graph_table(config["graph_model"], graph,
                                     config["graph_towers"]))

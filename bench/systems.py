@@ -1,7 +1,10 @@
 """The systems under test, each training one `specs.ModelSpec` at one global batch.
 
 - `single`: the unwrapped model_fn in a plain Estimator (the baseline).
-- `multi_gpu`: the model_fn wrapped by `estimator_multigpu.multi_gpu`.
+- `multi_gpu`: the model_fn wrapped by `estimator_multigpu.multi_gpu`
+  (shared variables, tf_cnn_benchmarks' `parameter_server`).
+- `replicated`: the same with `variable_update="replicated"` (a copy per
+  tower, collective all-reduce; tf_cnn_benchmarks' `replicated`).
 - `mirrored`: the unwrapped model_fn under `tf.distribute.MirroredStrategy`
   through `RunConfig(train_distribute=...)`; its input_fn yields the
   per-replica batch (global / replicas), so the global batch is the same.
@@ -25,7 +28,8 @@ from bench import protocol
 from bench import specs
 
 tf1 = tf.compat.v1
-SYSTEMS = ("single", "multi_gpu", "mirrored", "tutorial", "split")
+SYSTEMS = ("single", "multi_gpu", "replicated", "mirrored", "tutorial",
+           "split")
 
 
 def tower_devices(kind: str, num_towers: int) -> list:
@@ -57,8 +61,11 @@ def make_estimator(spec: specs.ModelSpec, job: dict) -> tuple:
   if job["system"] == "single":
     return tf.estimator.Estimator(models.make_model_fn(spec, False),
                                   config=_run_config()), spec.global_batch_size
-  if job["system"] == "multi_gpu":
-    model_fn = emg.multi_gpu(models.make_model_fn(spec, True), devices=devices)
+  if job["system"] in ("multi_gpu", "replicated"):
+    model_fn = emg.multi_gpu(
+        models.make_model_fn(spec, True), devices=devices,
+        variable_update=("replicated" if job["system"] == "replicated"
+                         else "shared"))
     return tf.estimator.Estimator(model_fn, config=_run_config(
         session_config=session_config(job))), spec.global_batch_size
   strategy = tf.distribute.MirroredStrategy(

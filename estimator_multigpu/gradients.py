@@ -84,6 +84,9 @@ class TowerOptimizer(tf1.train.Optimizer):
     tower = towers_lib.current_tower()
     if tower is None:
       return self._optimizer.compute_gradients(loss, var_list, **kwargs)
+    if var_list is not None and tower.local_variables:
+      var_list = [tower.local_variables.get(getattr(v, "op", v).name, v)
+                  for v in tf.nest.flatten(var_list)]
     kwargs["colocate_gradients_with_ops"] = True
     with _outside_control_dependencies(tower):
       return self._optimizer.compute_gradients(loss, var_list, **kwargs)
@@ -193,7 +196,7 @@ def apply_tower_gradients(towers: list, aggregation_device: Optional[str],
     ValueError: towers made different numbers of calls, or their variable
       lists differ.
   """
-  _check_call_counts(towers)
+  check_call_counts(towers)
   ops = []
   for position, first_call in enumerate(towers[0].optimizer_calls):
     calls = [tower.optimizer_calls[position] for tower in towers]
@@ -208,7 +211,7 @@ def apply_tower_gradients(towers: list, aggregation_device: Optional[str],
   return ops
 
 
-def _check_call_counts(towers: list) -> None:
+def check_call_counts(towers: list) -> None:
   counts = [len(tower.optimizer_calls) for tower in towers]
   if len(set(counts)) > 1:
     raise ValueError(
@@ -228,7 +231,7 @@ def sum_tower_gradients(tower_grads: list) -> list:
     One list of `(gradient, variable)`; a gradient is None when every tower's
     is None, `IndexedSlices` when every tower's is.
   """
-  _check_variables_line_up(tower_grads)
+  check_variables_line_up(tower_grads)
   combined = []
   for pairs in zip(*tower_grads):
     grads = [g for g, _ in pairs if g is not None]
@@ -252,7 +255,7 @@ def _sum(grads: list):
   return tf.math.add_n([tf.convert_to_tensor(g) for g in grads])
 
 
-def _check_variables_line_up(tower_grads: list) -> None:
+def check_variables_line_up(tower_grads: list) -> None:
   reference = [v for _, v in tower_grads[0]]
   for index, pairs in enumerate(tower_grads[1:], start=1):
     variables = [v for _, v in pairs]

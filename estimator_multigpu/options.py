@@ -12,6 +12,7 @@ from typing import Optional
 
 from absl import logging
 
+from estimator_multigpu import allreduce
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import plan as plan_lib
 from estimator_multigpu import strategies
@@ -30,6 +31,8 @@ class Options:
   use_ema_weights: bool
   variable_update: str = "shared"
   unsplit_features: tuple = ()
+  all_reduce: str = "collective"
+  gradient_packing_bytes: int = 0
 
 
 _WARNED: set = set()
@@ -58,7 +61,8 @@ def aggregation_device_option(aggregation_device: Optional[str],
 
 def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
                   clip_gradients_by_norm, use_ema_weights,
-                  variable_update, unsplit_features=()) -> Options:
+                  variable_update, unsplit_features=(), all_reduce=None,
+                  gradient_packing_bytes=None) -> Options:
   """Validates the decorator's options; messages say how to fix them.
 
   Raises:
@@ -73,6 +77,7 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
     raise ValueError(
         f"`variable_update` is {variable_update!r}; expected one of "
         f"{', '.join(map(repr, strategies.STRATEGIES))}.")
+  _check_all_reduce(variable_update, all_reduce, gradient_packing_bytes)
   _check_open_interval("ema_decay", ema_decay, 0.0, 1.0, "e.g. 0.999")
   _check_open_interval("clip_gradients_by_norm", clip_gradients_by_norm,
                        0.0, float("inf"), "e.g. 5.0")
@@ -83,7 +88,9 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
       loss_reduction=loss_reduction, ema_decay=ema_decay,
       clip_gradients_by_norm=clip_gradients_by_norm,
       use_ema_weights=bool(use_ema_weights), variable_update=variable_update,
-      unsplit_features=_feature_keys(unsplit_features))
+      unsplit_features=_feature_keys(unsplit_features),
+      all_reduce=all_reduce or "collective",
+      gradient_packing_bytes=int(gradient_packing_bytes or 0))
 
 
 def _feature_keys(keys) -> tuple:
@@ -95,6 +102,34 @@ def _feature_keys(keys) -> tuple:
         f"`unsplit_features` must be a list of feature keys (strings); got "
         f"{keys!r}. Example: unsplit_features=['vocab'].")
   return tuple(keys)
+
+
+def _check_all_reduce(variable_update, all_reduce,
+                      gradient_packing_bytes) -> None:
+  """`all_reduce` and `gradient_packing_bytes` belong to "replicated"."""
+  for name, value in (("all_reduce", all_reduce),
+                      ("gradient_packing_bytes", gradient_packing_bytes)):
+    if value is not None and variable_update != "replicated":
+      raise ValueError(
+          f"`{name}`={value!r} was given with variable_update="
+          f"{variable_update!r}; it only applies to replicated variables. "
+          f"Pass variable_update='replicated', or drop `{name}`.")
+  if all_reduce is not None and all_reduce not in allreduce.ALGORITHMS:
+    raise ValueError(
+        f"`all_reduce` is {all_reduce!r}; expected one of "
+        f"{', '.join(map(repr, allreduce.ALGORITHMS))}: 'collective' "
+        "(NCCL on GPUs, a ring on CPUs) or 'add_n' (one sum on the "
+        "aggregation device that every tower reads).")
+  if gradient_packing_bytes is None:
+    return
+  if (isinstance(gradient_packing_bytes, bool) or
+      not isinstance(gradient_packing_bytes, int)):
+    raise TypeError("`gradient_packing_bytes` must be an int or None; got "
+                    f"{gradient_packing_bytes!r}.")
+  if gradient_packing_bytes < 0:
+    raise ValueError(
+        f"`gradient_packing_bytes` is {gradient_packing_bytes}; expected 0 "
+        "(no packing) or a positive buffer size in bytes, e.g. 32 << 20.")
 
 
 def _check_open_interval(name, value, low, high, example) -> None:

@@ -54,11 +54,17 @@ class Plan:
     variable_device: where shared variables live; None = the tower's device.
     aggregation_device: where the towers' gradients are combined.
     variable_update: the variable strategy's name (`strategies.STRATEGIES`).
+    all_reduce: with "replicated", how gradients are all-reduced
+      (`allreduce.ALGORITHMS`).
+    gradient_packing_bytes: with "replicated", pack dense gradients into
+      buffers of at most this many bytes before the all-reduce (0: no).
   """
   groups: list
   variable_device: Optional[str]
   aggregation_device: str
   variable_update: str = "shared"
+  all_reduce: str = "collective"
+  gradient_packing_bytes: int = 0
 
   @property
   def devices(self) -> list:
@@ -72,7 +78,8 @@ class Plan:
 
 def make_plan(groups: Optional[list], aggregation_device: Optional[str],
               session_config, variable_update: str = "shared",
-              api: str = "multi_gpu") -> Plan:
+              api: str = "multi_gpu", all_reduce: str = "collective",
+              gradient_packing_bytes: int = 0) -> Plan:
   """Resolves the devices for this graph and checks that they exist.
 
   Args:
@@ -82,6 +89,7 @@ def make_plan(groups: Optional[list], aggregation_device: Optional[str],
     session_config: the session's ConfigProto (virtual CPU count), or None.
     variable_update: the variable strategy's name.
     api: the public name asking (`devices.check_devices_exist`).
+    all_reduce, gradient_packing_bytes: see `Plan`.
   """
   groups = groups or [[d] for d in devices_lib.resolve_devices(None)]
   wanted = [d for group in groups for d in group]
@@ -92,19 +100,26 @@ def make_plan(groups: Optional[list], aggregation_device: Optional[str],
       [group[0] for group in groups])
   # With one tower and no request, variables simply follow the tower.
   variable_device = aggregation_device if len(groups) == 1 else chosen
-  return Plan(groups, variable_device, chosen, variable_update)
+  return Plan(groups, variable_device, chosen, variable_update, all_reduce,
+              gradient_packing_bytes)
 
 
 def log_plan(plan: Plan, split: splitting.Split, mode: str) -> None:
   """One INFO line with the plan."""
   per_tower = (split.sizes if split.static else
                "known at run time (sizes differ by at most 1)")
+  if plan.variable_update == "replicated" and mode == "train":
+    variables = (f"a copy per tower; gradients all-reduced by "
+                 f"{plan.all_reduce}")
+  else:
+    variables = (
+        f"on {devices_lib.short_name(plan.variable_device or plan.devices[0])}"
+        f"; gradients aggregated on "
+        f"{devices_lib.short_name(plan.aggregation_device)}")
   logging.info(
-      "multi_gpu %s: %d towers on %s; variables on %s; gradients aggregated "
-      "on %s; global batch %s -> per-tower batch %s", mode, plan.num_towers,
-      ", ".join(_group_name(group) for group in plan.groups),
-      devices_lib.short_name(plan.variable_device or plan.devices[0]),
-      devices_lib.short_name(plan.aggregation_device),
+      "multi_gpu %s: %d towers on %s; variables %s; global batch %s -> "
+      "per-tower batch %s", mode, plan.num_towers,
+      ", ".join(_group_name(group) for group in plan.groups), variables,
       split.global_batch_size if split.static else "dynamic", per_tower)
 
 

@@ -33,6 +33,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               use_ema_weights: bool = True,
               variable_update: str = "shared",
               unsplit_features: Sequence[str] = (),
+              all_reduce: Optional[str] = None,
+              gradient_packing_bytes: Optional[int] = None,
               ps_device: Optional[str] = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
@@ -88,6 +90,10 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   the scaffold exist once; ops, shards and batch statistics are per tower.
   Inside a tower, the LOSSES, UPDATE_OPS, SUMMARIES and REGULARIZATION_LOSSES
   collections show only that tower's items, so `get_total_loss()` works.
+  With variable_update="replicated", trainable variables and optimizer slots
+  are per tower in TRAIN (towers 1.. hold local copies `tower_<i>/<name>`,
+  and `trainable_variables()` inside a tower lists its own); the rest stays
+  shared.
 
   How each mode is merged:
     TRAIN: loss = Σ (nᵢ/n)·lossᵢ ("mean") or Σ lossᵢ ("sum"); gradients summed
@@ -131,8 +137,22 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     use_ema_weights: with `ema_decay`, evaluate, predict and export with the
       averaged weights (True) or the raw ones (False).
     variable_update: how towers share variables and combine gradients
-      (`strategies`): "shared" (one copy on the aggregation device, like
-      tf_cnn_benchmarks' `parameter_server`).
+      (`strategies`). "shared": one copy on the aggregation device; each
+      tower reads it and sends its gradient there (tf_cnn_benchmarks'
+      `parameter_server`, tensorpack's `SyncMultiGPUTrainerParameterServer`).
+      "replicated": each tower trains its own copy of the trainable
+      variables and optimizer slots, the gradients are all-reduced and every
+      tower applies the same update (tf_cnn_benchmarks' `replicated`,
+      tensorpack's `SyncMultiGPUTrainerReplicated`, MirroredStrategy); tower
+      0's copies keep the single-device names and are the only ones saved.
+      Not with `SyncReplicasOptimizer` or parameter-server clusters.
+    all_reduce: with "replicated": "collective" (default; TensorFlow's
+      collective ops, NCCL on GPUs, a ring on CPUs) or "add_n" (one sum on
+      the aggregation device that every tower reads).
+    gradient_packing_bytes: with "replicated": concatenate dense gradients
+      into buffers of at most this many bytes before the all-reduce (fewer,
+      larger reductions, like tf_cnn_benchmarks' `--gradient_repacking`);
+      None or 0: reduce each gradient on its own.
     unsplit_features: keys of the features dict that are not batch-major
       (a vocabulary, a lookup table): every tower gets them whole.
     ps_device: the old name of `aggregation_device` (warns once).
@@ -151,6 +171,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       clip_gradients_by_norm=clip_gradients_by_norm,
       use_ema_weights=use_ema_weights, variable_update=variable_update,
       unsplit_features=unsplit_features,
+      all_reduce=all_reduce, gradient_packing_bytes=gradient_packing_bytes,
       aggregation_device=options_lib.aggregation_device_option(
           aggregation_device, ps_device))
   if model_fn is None:
@@ -214,7 +235,9 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
     return _with_ema(spec, mode, options, None, config)
   plan = plan_lib.make_plan(options.groups, options.aggregation_device,
                             getattr(config, "session_config", None),
-                            options.variable_update)
+                            options.variable_update,
+                            all_reduce=options.all_reduce,
+                            gradient_packing_bytes=options.gradient_packing_bytes)
   if plan.num_towers == 1 and options.clip_gradients_by_norm is None:
     with tf.device(plan.devices[0]):
       spec = call_model_fn(model_fn, features, labels, mode, params, config)
@@ -224,7 +247,9 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       features, labels, plan.num_towers, unsplit=options.unsplit_features,
       require_examples=mode in (ModeKeys.TRAIN, ModeKeys.EVAL))
   plan_lib.log_plan(plan, split, mode)
-  strategy = strategies.make_strategy(plan)
+  if mode == ModeKeys.TRAIN and options.variable_update == "replicated":
+    _check_no_parameter_servers(config)
+  strategy = strategies.make_strategy(plan, mode)
   towers = towers_lib.build_towers(
       lambda tower, shard: call_model_fn(model_fn, *shard, mode, params,
                                          config),
@@ -236,6 +261,16 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   spec = specs_lib.merge_specs(towers, mode, train_op)
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
   return _with_ema(spec, mode, options, plan.aggregation_device, config)
+
+
+def _check_no_parameter_servers(config) -> None:
+  num_ps = getattr(config, "num_ps_replicas", 0) or 0
+  if num_ps > 0:
+    raise ValueError(
+        f"variable_update='replicated' was given in a cluster with {num_ps} "
+        "parameter server task(s). Parameter servers hold the one copy of "
+        "each variable that every worker updates; replicated variables live "
+        "in each tower. Use variable_update='shared' in a ps cluster.")
 
 
 def _train_op(towers: list, strategy: strategies.VariableStrategy,

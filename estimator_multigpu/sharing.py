@@ -53,13 +53,20 @@ class VariableSharing:
     self._tower0 = [v for v in self._tower0 if v.op.name not in store]
 
   @contextlib.contextmanager
-  def reuse_scope(self, tower):
-    """Serves tower `tower`'s creations from tower 0's, in order."""
+  def reuse_scope(self, tower, substitute=None):
+    """Serves tower `tower`'s creations from tower 0's, in order.
+
+    Args:
+      tower: the tower 1.. being built.
+      substitute: optional `variable -> variable` applied to what is served
+        (the replicated strategy hands out the tower's own copy).
+    """
     served = []
 
     def reuse(next_creator, **kwargs):
       del next_creator
-      return self._serve(tower, len(served), kwargs, served)
+      variable = self._serve(tower, len(served), kwargs, served)
+      return substitute(variable) if substitute else variable
 
     with tf1.variable_creator_scope(reuse):
       yield
@@ -129,8 +136,12 @@ def check_no_new_globals(tower, before: set) -> None:
 
 
 @contextlib.contextmanager
-def reuse_scope_for_get_variable(tower):
+def reuse_scope_for_get_variable(tower, substitute=None):
   """`get_variable` in tower `tower` returns tower 0's variable of that name.
+
+  With `substitute` (`(variable, regularizer) -> variable`), it returns what
+  `substitute` makes of tower 0's variable and the call's regularizer
+  instead (the tower's own copy, regularized like tower 0's).
 
   Anything `get_variable` refuses there (a name tower 0 never created, another
   shape) becomes a `VariableMismatchError` naming the tower and the variable.
@@ -139,12 +150,14 @@ def reuse_scope_for_get_variable(tower):
   """
   def tower0_getter(getter, name, *args, **kwargs):
     try:
-      return getter(name, *args, **kwargs)
+      variable = getter(name, *args, **kwargs)
     except ValueError as error:
       raise VariableMismatchError(
           f"Tower {tower.index} asked `get_variable` for a variable that "
           f"tower 0 did not create with that name and shape: `{name}` "
           f"(TensorFlow said: {error})") from error
+    return (substitute(variable, kwargs.get("regularizer")) if substitute
+            else variable)
 
   with tf1.variable_scope(tf1.get_variable_scope(), reuse=True,
                           custom_getter=tower0_getter):

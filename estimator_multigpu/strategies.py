@@ -11,9 +11,11 @@ merging, EMA, talks to it through three calls:
   tower recorded through `TowerOptimizer` into one update per step.
 
 `SharedVariables` ("shared", tf_cnn_benchmarks' `parameter_server`,
-tensorpack's `SyncMultiGPUTrainerParameterServer`) is the strategy today. A
-replicated strategy (a copy per tower, all-reduced gradients) is a second
-class here with its own placement, sharing and apply.
+tensorpack's `SyncMultiGPUTrainerParameterServer`) keeps one copy on the
+aggregation device. `replicated.ReplicatedVariables` ("replicated",
+tf_cnn_benchmarks' `replicated`, tensorpack's
+`SyncMultiGPUTrainerReplicated`) keeps a copy per tower and all-reduces the
+gradients; it is used for TRAIN graphs only (`make_strategy`).
 
 Where the other round-2 features plug in, without touching a strategy:
 synchronized batch norm is a per-tower scope (`towers.build_towers`'
@@ -113,10 +115,16 @@ class SharedVariables(VariableStrategy):
       self._sharing.finish_tower0()
       self._globals_after_tower0 = {v.op.name for v in tf1.global_variables()}
       return
-    with sharing.reuse_scope_for_get_variable(tower), \
-        self._sharing.reuse_scope(tower):
+    substitute = self.substitute(tower)
+    with sharing.reuse_scope_for_get_variable(tower, substitute), \
+        self._sharing.reuse_scope(tower, substitute):
       yield
     sharing.check_no_new_globals(tower, self._globals_after_tower0)
+
+  def substitute(self, tower: Any) -> Optional[Callable]:
+    """What tower 1.. gets instead of tower 0's variable (None: that one)."""
+    del tower
+    return None
 
   def apply_gradients(self, towers: list,
                       clip_norm: Optional[float]) -> list:
@@ -124,9 +132,20 @@ class SharedVariables(VariableStrategy):
         towers, self.plan.aggregation_device, clip_norm)
 
 
-STRATEGIES = {SharedVariables.name: SharedVariables}
+def _replicated(plan: Any) -> VariableStrategy:
+  from estimator_multigpu import replicated  # pylint: disable=g-import-not-at-top
+  return replicated.ReplicatedVariables(plan)
 
 
-def make_strategy(plan: Any) -> VariableStrategy:
-  """The strategy object the plan names."""
-  return STRATEGIES[plan.variable_update](plan)
+# Strategy name -> factory(plan).
+STRATEGIES = {SharedVariables.name: SharedVariables, "replicated": _replicated}
+
+
+def make_strategy(plan: Any, mode: str = "train") -> VariableStrategy:
+  """The strategy object the plan names; "shared" for EVAL and PREDICT.
+
+  Only training updates variables, so only TRAIN graphs replicate them;
+  evaluation and prediction towers read tower 0's variables.
+  """
+  name = plan.variable_update if mode == "train" else SharedVariables.name
+  return STRATEGIES[name](plan)

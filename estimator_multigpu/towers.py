@@ -71,6 +71,8 @@ class Tower:
     optimizer_calls: `TowerOptimizer` calls recorded, in call order.
     collections: the items the tower added to `ISOLATED_COLLECTIONS`.
     output: what the tower's function returned (the model_fn's spec).
+    local_variables: tower 0's variable name -> this tower's own copy
+      (variable_update="replicated"; empty when variables are shared).
   """
   index: int
   device: Optional[str]
@@ -80,6 +82,7 @@ class Tower:
   optimizer_calls: list = dataclasses.field(default_factory=list)
   collections: dict = dataclasses.field(default_factory=dict)
   output: Any = None
+  local_variables: dict = dataclasses.field(default_factory=dict)
 
   @property
   def name(self) -> str:

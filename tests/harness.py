@@ -11,6 +11,18 @@ tf1 = tf.compat.v1
 TRAIN = tf.estimator.ModeKeys.TRAIN
 
 
+# `multi_gpu` options of each variable mode and reduction the exactness tests
+# run in: shared variables, and replicated ones with every all-reduce.
+VARIABLE_MODES = {
+    "shared": {},
+    "replicated": {"variable_update": "replicated"},
+    "replicated_add_n": {"variable_update": "replicated",
+                         "all_reduce": "add_n"},
+    "replicated_packed": {"variable_update": "replicated",
+                          "gradient_packing_bytes": 16},
+}
+
+
 def cpu_devices(num_towers):
   return [f"/cpu:{i}" for i in range(num_towers)]
 
@@ -20,7 +32,7 @@ def config_for(session_config):
 
 
 def train(model_fn, features, labels, steps, session_config, num_towers=None,
-          dynamic_batch=False, **options):
+          dynamic_batch=False, local_variables=False, **options):
   """Trains `model_fn` (wrapped when num_towers is set) for `steps` steps.
 
   Args:
@@ -32,10 +44,12 @@ def train(model_fn, features, labels, steps, session_config, num_towers=None,
     num_towers: None for the unwrapped model_fn, else towers on /cpu:0..
     dynamic_batch: feed the inputs through placeholders whose batch
       dimension is unknown when the graph is built.
+    local_variables: also return the local variables (replicated copies).
     **options: more `multi_gpu` options.
 
   Returns:
-    {variable name: value} of every global variable after training, and
+    {variable name: value} of every global variable (and local one, with
+    `local_variables`) after training, and
     the spec's loss value at the first step.
   """
   with tf.Graph().as_default():
@@ -47,13 +61,20 @@ def train(model_fn, features, labels, steps, session_config, num_towers=None,
         model_fn, devices=cpu_devices(num_towers), **options)
     spec = call(fn, features_t, labels_t, TRAIN, session_config)
     with tf1.Session(config=session_config) as session:
-      session.run([tf1.global_variables_initializer(),
-                   tf1.local_variables_initializer()])
+      # Local after global, as Estimator does: replicated towers' local
+      # copies start from tower 0's values.
+      initializers = [tf1.global_variables_initializer(),
+                      tf1.local_variables_initializer()]
+      for initializer in initializers:
+        session.run(initializer)
       first_loss = None
       for _ in range(steps):
         loss, _ = session.run([spec.loss, spec.train_op], feed_dict=feed)
         first_loss = loss if first_loss is None else first_loss
-      values = session.run({v.op.name: v for v in tf1.global_variables()})
+      variables = tf1.global_variables() + (
+          tf1.local_variables() if local_variables else [])
+      values = dict(zip([v.op.name for v in variables],
+                        session.run(variables)))
   return values, first_loss
 
 

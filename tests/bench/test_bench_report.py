@@ -66,6 +66,15 @@ def test_throughput_checks_against_single_mirrored_and_split():
       "the split alone is 0.900x single"]
 
 
+def test_modes_table_puts_shared_and_replicated_side_by_side():
+  rows = [make_row("single", 1, 100.0), make_row("multi_gpu", 1, 96.0),
+          make_row("multi_gpu", 2, 80.0), make_row("replicated", 2, 90.0)]
+  # 90 / 80 = 1.125, printed with two decimals; x1 has no replicated row.
+  assert report.modes_table(rows).splitlines()[2:] == [
+      "| mlp | 2 | 80.0 | 90.0 | 1.12x | 0 | 0 |"]
+  assert report.modes_table(rows[:2]) == ""
+
+
 def test_a_miss_within_the_resolution_says_so():
   # 0.96 / 0.97 = 0.9897: short by 1.0%.
   check = report.ratio_check("x", 0.96, 0.97)

@@ -60,18 +60,23 @@ def test_layers_land_on_the_devices_of_each_group(session_config):
     assert device("tower_1/layer2") == "/device:CPU:3"
 
 
-def test_device_groups_train_like_one_device(session_config):
+@pytest.mark.parametrize("variable_update", ["shared", "replicated"])
+def test_device_groups_train_like_one_device(variable_update, session_config):
   values, _ = harness.train(two_layer_model_fn, X, Y, 3, session_config,
                             num_towers=None)
   want_w1, want_w2 = numpy_sgd(3)
   np.testing.assert_allclose(values["w1"], want_w1, atol=1e-5)
   with tf.Graph().as_default():
     tf1.train.get_or_create_global_step()
-    spec = harness.call(emg.multi_gpu(two_layer_model_fn, devices=GROUPS),
+    spec = harness.call(emg.multi_gpu(two_layer_model_fn, devices=GROUPS,
+                                      variable_update=variable_update),
                         tf.constant(X), tf.constant(Y), "train",
                         session_config)
     with tf1.Session(config=session_config) as session:
-      session.run(tf1.global_variables_initializer())
+      initializers = [tf1.global_variables_initializer(),
+                      tf1.local_variables_initializer()]
+      for initializer in initializers:
+        session.run(initializer)
       for _ in range(3):
         session.run(spec.train_op)
       got = {v.op.name: session.run(v) for v in tf1.trainable_variables()}

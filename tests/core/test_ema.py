@@ -40,10 +40,13 @@ def numpy_weights_and_shadow(steps=STEPS):
   return w, shadow
 
 
+@pytest.mark.parametrize("variable_update", ["shared", "replicated"])
 @pytest.mark.parametrize("num_towers", [1, 3])
-def test_shadow_follows_the_recurrence(num_towers, session_config):
+def test_shadow_follows_the_recurrence(num_towers, variable_update,
+                                       session_config):
   values, _ = harness.train(model_fn, X, Y, STEPS, session_config,
-                            num_towers=num_towers, ema_decay=DECAY)
+                            num_towers=num_towers, ema_decay=DECAY,
+                            variable_update=variable_update)
   w, shadow = numpy_weights_and_shadow()
   np.testing.assert_allclose(values["w"], w, atol=1e-6)
   np.testing.assert_allclose(values["w/ExponentialMovingAverage"], shadow,
@@ -68,11 +71,14 @@ def trained(tmp_path, session_config, **options):
   return estimator
 
 
+@pytest.mark.parametrize("variable_update", ["shared", "replicated"])
 @pytest.mark.parametrize("use_ema_weights", [True, False])
-def test_eval_and_predict_use_the_averaged_weights(use_ema_weights, tmp_path,
+def test_eval_and_predict_use_the_averaged_weights(use_ema_weights,
+                                                   variable_update, tmp_path,
                                                    session_config):
   estimator = trained(tmp_path, session_config,
-                      use_ema_weights=use_ema_weights)
+                      use_ema_weights=use_ema_weights,
+                      variable_update=variable_update)
   w, shadow = numpy_weights_and_shadow()
   weights = shadow if use_ema_weights else w
   loss = estimator.evaluate(eval_input_fn)["loss"]

@@ -95,7 +95,16 @@ def test_devices_the_session_lacks_are_listed(devices, missing,
     ({"aggregation_device": "/cpu:1", "ps_device": "/cpu:2"},
      "were both given; they are one option"),
     ({"variable_update": "mirrored"},
-     "`variable_update` is 'mirrored'; expected one of 'shared'"),
+     "`variable_update` is 'mirrored'; expected one of 'shared', "
+     "'replicated'"),
+    ({"all_reduce": "add_n"}, "only applies to replicated variables"),
+    ({"gradient_packing_bytes": 1024}, "only applies to replicated"),
+    ({"variable_update": "replicated", "all_reduce": "nccl"},
+     "`all_reduce` is 'nccl'; expected one of 'collective', 'add_n'"),
+    ({"variable_update": "replicated", "gradient_packing_bytes": -1},
+     "`gradient_packing_bytes` is -1; expected 0"),
+    ({"variable_update": "replicated", "gradient_packing_bytes": 1.5},
+     "`gradient_packing_bytes` must be an int"),
 ])
 def test_bad_option_values(options, message):
   with pytest.raises((TypeError, ValueError), match=message):

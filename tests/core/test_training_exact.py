@@ -1,5 +1,8 @@
 """N towers train exactly like one device: checked against numpy.
 
+Every test runs in each variable mode (`harness.VARIABLE_MODES`): shared
+variables, and replicated ones with collective, add_n and packed all-reduce.
+
 The model is linear regression, pred = x @ W + b, with loss
 mean((pred - y)²) over the batch and the 2 outputs, whose gradient is
 dW = 2 / (n·2) · xᵀ(pred - y), db = 2 / (n·2) · Σ (pred - y). numpy below
@@ -65,28 +68,34 @@ def numpy_train(optimizer_name, x, y, steps):
 
 
 CASES = [("sgd", 1), ("momentum", 5), ("adam", 5)]
+MODES = pytest.mark.parametrize("mode", list(harness.VARIABLE_MODES))
 
 
+@MODES
 @pytest.mark.parametrize("num_towers", [1, 2, 3, 4])
 @pytest.mark.parametrize("batch", [12, 7, 2])  # divisible, not, smaller.
 @pytest.mark.parametrize("optimizer_name,steps", CASES)
-def test_towers_match_numpy(num_towers, batch, optimizer_name, steps,
+def test_towers_match_numpy(num_towers, batch, optimizer_name, steps, mode,
                             session_config):
   x, y = harness.linear_data(batch)
   values, _ = harness.train(linear_model_fn(optimizer_name), x, y, steps,
-                            session_config, num_towers=num_towers)
+                            session_config, num_towers=num_towers,
+                            **harness.VARIABLE_MODES[mode])
   want_w, want_b = numpy_train(optimizer_name, x, y, steps)
   np.testing.assert_allclose(values["w"], want_w, atol=1e-5)
   np.testing.assert_allclose(values["b"], want_b, atol=1e-5)
   assert values["global_step"] == steps
 
 
+@MODES
 @pytest.mark.parametrize("num_towers,batch", [(3, 7), (4, 2), (2, 5)])
-def test_batch_size_known_only_at_run_time(num_towers, batch, session_config):
+def test_batch_size_known_only_at_run_time(num_towers, batch, mode,
+                                           session_config):
   x, y = harness.linear_data(batch)
   values, loss = harness.train(linear_model_fn("momentum"), x, y, 5,
                                session_config, num_towers=num_towers,
-                               dynamic_batch=True)
+                               dynamic_batch=True,
+                               **harness.VARIABLE_MODES[mode])
   want_w, want_b = numpy_train("momentum", x, y, 5)
   np.testing.assert_allclose(values["w"], want_w, atol=1e-5)
   np.testing.assert_allclose(values["b"], want_b, atol=1e-5)
@@ -94,8 +103,9 @@ def test_batch_size_known_only_at_run_time(num_towers, batch, session_config):
   np.testing.assert_allclose(loss, np.mean(residual ** 2), rtol=1e-5)
 
 
+@MODES
 @pytest.mark.parametrize("num_towers", [2, 3, 4])
-def test_sum_reduction_matches_numpy(num_towers, session_config):
+def test_sum_reduction_matches_numpy(num_towers, mode, session_config):
   # With loss = Σ over examples of mean over outputs, the gradient is n times
   # the "mean" gradient: SGD with LR / n must land where the mean run lands.
   x, y = harness.linear_data(7)
@@ -110,7 +120,8 @@ def test_sum_reduction_matches_numpy(num_towers, session_config):
         loss, tf1.train.get_global_step()))
 
   values, loss = harness.train(model_fn, x, y, 1, session_config,
-                               num_towers=num_towers, loss_reduction="sum")
+                               num_towers=num_towers, loss_reduction="sum",
+                               **harness.VARIABLE_MODES[mode])
   want_w, want_b = numpy_train("sgd", x, y, 1)
   np.testing.assert_allclose(values["w"], want_w, atol=1e-5)
   np.testing.assert_allclose(values["b"], want_b, atol=1e-5)
@@ -119,8 +130,9 @@ def test_sum_reduction_matches_numpy(num_towers, session_config):
                              rtol=1e-5)
 
 
+@MODES
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_empty_shards_give_no_nan(reduction, session_config):
+def test_empty_shards_give_no_nan(reduction, mode, session_config):
   # Batch 2 over 4 towers: towers 2 and 3 get no examples; their mean loss is
   # NaN (a mean over nothing) but must add nothing to the loss or gradients.
   x, y = harness.linear_data(2)
@@ -138,7 +150,8 @@ def test_empty_shards_give_no_nan(reduction, session_config):
         loss, tf1.train.get_global_step()))
 
   values, loss = harness.train(model_fn, x, y, 1, session_config,
-                               num_towers=4, loss_reduction=reduction)
+                               num_towers=4, loss_reduction=reduction,
+                               **harness.VARIABLE_MODES[mode])
   assert np.isfinite(loss)
   want_w, want_b = numpy_train("sgd", x, y, 1)
   np.testing.assert_allclose(values["w"], want_w, atol=1e-5)

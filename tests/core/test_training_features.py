@@ -26,13 +26,16 @@ def batch_norm_model_fn(features, labels, mode):
   return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
+@pytest.mark.parametrize("variable_update", ["shared", "replicated"])
 @pytest.mark.parametrize("num_towers,tower0_rows", [(1, 6), (2, 3), (4, 2)])
 def test_batch_norm_statistics_update_once_per_step(num_towers, tower0_rows,
+                                                    variable_update,
                                                     session_config):
   # moving_mean starts at 0 and moves 10% of the way to tower 0's shard mean
   # once per step: after 3 steps it is (1 - 0.9³) · mean(shard 0).
   values, _ = harness.train(batch_norm_model_fn, X, Y, 3, session_config,
-                            num_towers=num_towers)
+                            num_towers=num_towers,
+                            variable_update=variable_update)
   shard0 = X[:tower0_rows]
   np.testing.assert_allclose(values["batch_normalization/moving_mean"],
                              (1 - 0.9 ** 3) * shard0.mean(axis=0), atol=1e-6)
@@ -59,13 +62,15 @@ def numpy_sgd(steps, clip_norm=None):
   return w
 
 
+@pytest.mark.parametrize("mode", list(harness.VARIABLE_MODES))
 @pytest.mark.parametrize("num_towers", [1, 3])
-def test_clip_gradients_by_norm_clips_the_combined_gradient(num_towers,
+def test_clip_gradients_by_norm_clips_the_combined_gradient(num_towers, mode,
                                                             session_config):
   # The unclipped gradient's norm here is about 1.9, so 0.5 really clips.
   assert np.sqrt(np.sum((2.0 / 6 * X.T @ (X @ W0 - Y)) ** 2)) > 1.0
   values, _ = harness.train(linear_model_fn, X, Y, 2, session_config,
-                            num_towers=num_towers, clip_gradients_by_norm=0.5)
+                            num_towers=num_towers, clip_gradients_by_norm=0.5,
+                            **harness.VARIABLE_MODES[mode])
   np.testing.assert_allclose(values["w"], numpy_sgd(2, clip_norm=0.5),
                              atol=1e-5)
 

@@ -75,12 +75,14 @@ def test_bad_classifier_config_names_the_flag():
     classifier.ClassifierConfig(model_name="resnet")
 
 
-def test_train_then_evaluate_in_process(tmp_path):
+@pytest.mark.parametrize("variable_update", ["shared", "replicated"])
+def test_train_then_evaluate_in_process(variable_update, tmp_path):
   FLAGS.model_name, FLAGS.max_steps, FLAGS.batch_size = "mlp", 20, 16
   towers = common_flags.resolve_towers(None, None, 2)
   config = train.classifier_config(10)
   model_fn = train.build_model_fn(towers, 0.9, None, 16, 20, 10,
-                                  str(tmp_path))
+                                  str(tmp_path),
+                                  variable_update=variable_update)
   estimator = train.build_estimator(model_fn, config, towers, str(tmp_path),
                                     10, 10, 1)
   estimator.train(train.train_input_fn(8, 10), max_steps=20)

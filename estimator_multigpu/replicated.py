@@ -1,0 +1,250 @@
+"""Replicated variables: a copy per tower, all-reduced gradients.
+
+tf_cnn_benchmarks' `replicated` mode, tensorpack's
+`SyncMultiGPUTrainerReplicated`, what MirroredStrategy and Horovod do:
+
+- Tower 0 builds exactly like the unwrapped model_fn, on its own device: its
+  variables and optimizer slots carry the single-device names, are global and
+  are the only ones a checkpoint holds.
+- Towers 1.. get their own copy of every trainable variable tower 0 has,
+  `tower_<i>/<name>`, on their device, in LOCAL_VARIABLES (never saved). A
+  copy's initializer reads tower 0's variable, and Estimator runs the local
+  initializers after the global ones or a restore, so the copies start equal
+  to tower 0's values, restored or fresh. Inside tower i,
+  `tf.compat.v1.trainable_variables()` lists the tower's copies and
+  REGULARIZATION_LOSSES holds the regularizers of those copies (a
+  `get_variable` regularizer is applied to the copy). Everything
+  else (batch-norm statistics, metric state, `global_step`) is tower 0's,
+  shared as in "shared" mode.
+- Each step the towers' weighted gradients are all-reduced (`allreduce`) and
+  every tower applies the same sum with its own copy of the optimizer, whose
+  slots (`tower_<i>/<tower 0's slot name>`) are local too and start from
+  tower 0's. Identical inputs and identical ops keep the copies bit-identical.
+  `global_step` moves once, after every tower's update.
+
+Only TRAIN replicates: EVAL and PREDICT make no update, so their towers read
+tower 0's variables as in "shared" mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Optional
+
+from absl import logging
+import tensorflow as tf
+from tensorflow.python.ops import ref_variable  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
+
+from estimator_multigpu import allreduce
+from estimator_multigpu import gradients as gradients_lib
+from estimator_multigpu import strategies
+
+tf1 = tf.compat.v1
+
+
+# What tower 1.. sees of its own only: its copies, and their regularizers.
+_PER_TOWER_COLLECTIONS = (tf1.GraphKeys.TRAINABLE_VARIABLES,
+                          tf1.GraphKeys.REGULARIZATION_LOSSES)
+
+
+def local_copy(original: tf.Variable, name: str, trainable: bool):
+  """A LOCAL variable on the current device initialized from `original`.
+
+  Its initializer reads `original`'s current value, so running the local
+  initializers after a restore copies the restored value.
+  """
+  graph = tf1.get_default_graph()
+  with tf.control_dependencies(None), graph.name_scope(None):
+    with graph.name_scope(name.split("/", 1)[0] + "/copy_from_tower_0/"), \
+        tf1.colocate_with(original, ignore_existing=True):
+      value = tf.identity(original)
+    kwargs = dict(initial_value=value, trainable=trainable, name=name,
+                  collections=[tf1.GraphKeys.LOCAL_VARIABLES],
+                  dtype=original.dtype.base_dtype)
+    if resource_variable_ops.is_resource_variable(original):
+      return resource_variable_ops.ResourceVariable(**kwargs)
+    return ref_variable.RefVariable(**kwargs)
+
+
+def fresh_optimizer(optimizer: tf1.train.Optimizer) -> tf1.train.Optimizer:
+  """A copy of a TF1 optimizer with the same settings and no state yet."""
+  clone = copy.copy(optimizer)
+  clone._slots = {}  # pylint: disable=protected-access
+  clone._non_slot_dict = {}  # pylint: disable=protected-access
+  clone._deferred_slot_restorations = {}  # pylint: disable=protected-access
+  return clone
+
+
+class ReplicatedVariables(strategies.SharedVariables):
+  """A copy of the trainable variables per tower; all-reduce; N updates."""
+
+  name = "replicated"
+
+  def __init__(self, plan):
+    super().__init__(plan)
+    self._replicated: set = set()  # tower 0's trainable variable names.
+    self._copies: dict = {}  # (tower index, original name) -> copy.
+    self._originals: dict = {}  # copy name -> original.
+
+  def placement(self, tower):
+    return tower.device
+
+  def substitute(self, tower):
+    return lambda variable, regularizer=None: self.copy_for(
+        tower, variable, regularizer)
+
+  @contextlib.contextmanager
+  def sharing_scope(self, tower):
+    if tower.index == 0:
+      with super().sharing_scope(tower):
+        yield
+      self._replicated = {v.op.name for v in tf1.trainable_variables()}
+      return
+    graph = tf1.get_default_graph()
+    own = [graph.get_collection_ref(key) for key in _PER_TOWER_COLLECTIONS]
+    kept = [list(collection) for collection in own]
+    for collection in own:
+      collection[:] = []  # the tower's copies (and their losses) join.
+    try:
+      with super().sharing_scope(tower):
+        yield
+    finally:
+      for collection, items in zip(own, kept):
+        collection[:] = items
+
+  def copy_for(self, tower, variable, regularizer=None):
+    """Tower `tower`'s copy of tower 0's trainable `variable` (made once).
+
+    A `regularizer` (from `get_variable`) is applied to the new copy, its
+    loss added to the tower's REGULARIZATION_LOSSES, as `get_variable` did
+    for tower 0's variable.
+    """
+    if (not isinstance(variable, tf.Variable) or
+        variable.op.name not in self._replicated):
+      return variable
+    key = (tower.index, variable.op.name)
+    if key not in self._copies:
+      replica = local_copy(variable, f"{tower.name}/{variable.op.name}",
+                           trainable=True)
+      self._copies[key] = replica
+      self._originals[replica.op.name] = variable
+      tower.local_variables[variable.op.name] = replica
+      if regularizer is not None:
+        with tf.name_scope(f"{variable.op.name}/Regularizer"):
+          loss = regularizer(replica)
+        if loss is not None:
+          tf1.add_to_collection(tf1.GraphKeys.REGULARIZATION_LOSSES, loss)
+    return self._copies[key]
+
+  def apply_gradients(self, towers: list,
+                      clip_norm: Optional[float]) -> list:
+    gradients_lib.check_call_counts(towers)
+    ops = []
+    for position, first in enumerate(towers[0].optimizer_calls):
+      _refuse_sync_replicas(first.optimizer)
+      calls = [tower.optimizer_calls[position] for tower in towers]
+      tower_pairs = [self._as_tower0_variables(call.grads_and_vars)
+                     for call in calls]
+      gradients_lib.check_variables_line_up(tower_pairs)
+      variables = [v for _, v in tower_pairs[0]]
+      _warn_no_gradient([[g for g, _ in pairs] for pairs in tower_pairs],
+                        variables)
+      with tf.name_scope("all_reduce"):
+        summed = allreduce.all_reduce(
+            [[g for g, _ in pairs] for pairs in tower_pairs], variables,
+            [tower.device for tower in towers], self.plan.all_reduce,
+            self.plan.gradient_packing_bytes, self.plan.aggregation_device)
+      tower0_state: list = []
+      applies = []
+      for tower, grads in zip(towers, summed):
+        grads_and_vars = list(zip(grads, variables))
+        if clip_norm is not None:
+          with tf.device(tower.device), tf.name_scope(f"{tower.name}_clip"):
+            grads_and_vars = gradients_lib.clip_by_global_norm(
+                grads_and_vars, clip_norm)
+        applies.append(self._apply(tower, first, grads_and_vars,
+                                   tower0_state))
+      ops.append(_step_once(first.global_step, applies))
+    return ops
+
+  def _as_tower0_variables(self, grads_and_vars: list) -> list:
+    return [(g, self._originals.get(v.op.name, v)) for g, v in grads_and_vars]
+
+  def _apply(self, tower, first, grads_and_vars: list, tower0_state: list):
+    """Tower 0 applies as the unwrapped model_fn; towers 1.. to their copies.
+
+    Tower 0's optimizer state is recorded in `tower0_state` in creation
+    order; towers 1.. create theirs in the same order, as local copies.
+    """
+    if tower.index == 0:
+      with tf.device(tower.device), first.scopes(), \
+          tf1.variable_creator_scope(_recorder(tower0_state)):
+        return first.optimizer.apply_combined(grads_and_vars, None,
+                                              first.name)
+    pairs = [(g, self._copies[(tower.index, v.op.name)])
+             for g, v in grads_and_vars
+             if (tower.index, v.op.name) in self._copies]
+    optimizer = fresh_optimizer(first.optimizer._optimizer)  # pylint: disable=protected-access
+    with tf.device(tower.device), tf1.name_scope(tower.name + "/"), \
+        _local_state_scope(tower, tower0_state):
+      return optimizer.apply_gradients(pairs, None, first.name)
+
+
+def _recorder(created: list):
+  def record(next_creator, **kwargs):
+    variable = next_creator(**kwargs)
+    created.append(variable)
+    return variable
+  return record
+
+
+@contextlib.contextmanager
+def _local_state_scope(tower, tower0_state: list):
+  """Tower `tower`'s optimizer state: local copies of tower 0's, in order."""
+  made = []
+
+  def create(next_creator, **kwargs):
+    del next_creator
+    if len(made) >= len(tower0_state):
+      raise ValueError(
+          f"Tower {tower.index}'s optimizer creates more state variables "
+          f"than tower 0's ({len(tower0_state)}; this one is "
+          f"`{kwargs.get('name')}`). With variable_update='replicated' every "
+          "tower applies the update with a copy of the same optimizer; one "
+          "whose state depends on more than its variables is not supported: "
+          "use variable_update='shared'.")
+    original = tower0_state[len(made)]
+    made.append(local_copy(original, f"{tower.name}/{original.op.name}",
+                           trainable=False))
+    return made[-1]
+
+  with tf1.variable_creator_scope(create):
+    yield
+
+
+def _step_once(global_step, applies: list) -> tf.Operation:
+  """Groups the towers' updates; then moves `global_step` once."""
+  if global_step is None:
+    return tf.group(*applies, name="replicated_update")
+  with tf.control_dependencies(applies), tf1.colocate_with(global_step):
+    return tf1.assign_add(global_step, 1, name="global_step_update").op
+
+
+def _refuse_sync_replicas(optimizer) -> None:
+  inner = getattr(optimizer, "_optimizer", optimizer)
+  if isinstance(inner, tf1.train.SyncReplicasOptimizer):
+    raise ValueError(
+        "`SyncReplicasOptimizer` was given with variable_update='replicated'. "
+        "It aggregates gradients on parameter servers, which hold one copy "
+        "of each variable; the replicated mode keeps a copy per tower. Use "
+        "variable_update='shared' with SyncReplicasOptimizer.")
+
+
+def _warn_no_gradient(tower_grads: list, variables: list) -> None:
+  missing = [v.op.name for k, v in enumerate(variables)
+             if all(grads[k] is None for grads in tower_grads)]
+  if missing:
+    logging.warning("multi_gpu: no gradient for %d variable(s): %s",
+                    len(missing), ", ".join(missing))
