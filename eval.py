@@ -43,8 +43,6 @@ tf1 = tf.compat.v1
 flags.DEFINE_bool("once", False, "Evaluate the latest checkpoint and exit.")
 flags.DEFINE_integer("timeout_secs", 600, "Stop after this long without a "
                      "new checkpoint.")
-flags.DEFINE_bool("use_ema_weights", True, "Evaluate the moving-average "
-                  "weights when the checkpoint has them.")
 flags.DEFINE_string("eval_split", "eval", "Split to evaluate.")
 
 
@@ -72,9 +70,7 @@ class ProgressBarHook(tf1.train.SessionRunHook):
     self._bar.close()
 
 
-def checkpoint_has_ema(checkpoint: str) -> bool:
-  return any(name.endswith("/ExponentialMovingAverage")
-             for name, _ in tf.train.list_variables(checkpoint))
+checkpoint_has_ema = common_flags.checkpoint_has_ema
 
 
 def num_eval_batches(dataset_name: str, split: str,

@@ -41,7 +41,7 @@ GROUPS = (
     ("Checkpoints", ("model_dir", "save_checkpoints_steps",
                      "save_summary_steps", "min_free_disk_mb")),
     ("Evaluation", ("once", "timeout_secs", "use_ema_weights", "eval_split")),
-    ("Export", ("export_dir",)),
+    ("Export", ("export_dir", "checkpoint_path")),
     ("Cluster", ("ps_hosts", "worker_hosts", "job_name", "task_index",
                  "sync_replicas", "ps_wait_secs", "ps_linger_secs",
                  "eval_timeout_secs")),

@@ -39,11 +39,17 @@ _READY_QUEUE = "estimator_multigpu_chief_ready"
 _SYNC_TOKEN_QUEUE = b"sync_token_q"  # SyncReplicasOptimizer's shared name.
 _CONTROL_TIMEOUT_SECS = 10
 _PS_DRAIN_SECS = 1.0  # lets the last reporters close their sessions.
+_PS_POLL_SECS = 1.0  # how often a ps looks for trainers' reports.
 
 
 def _done_queue() -> tf1.FIFOQueue:
   return tf1.FIFOQueue(1000, [tf.string], shapes=[[]], name="done_queue",
                        shared_name=_DONE_QUEUE)
+
+
+def _size_and_dequeue() -> tuple:
+  queue = _done_queue()
+  return queue.size(), queue.dequeue()
 
 
 def _ready_queue() -> tf1.FIFOQueue:
@@ -159,14 +165,17 @@ def serve_ps(task: Task, linger_secs: float = 60.0) -> list:
   pending, chief_done_at = set(task.trainers), None
   logging.info("ps task %d serving at %s until %s stop", task.index,
                server.target, ", ".join(sorted(pending)))
-  with _control_session(server.target, task.device,
-                        lambda: _done_queue().dequeue()) as (session, dequeue):
+  # Polls the queue's size and dequeues only what is there: a dequeue that
+  # times out is cancelled, and TensorFlow logs every cancelled dequeue
+  # ("Skipping cancelled dequeue attempt"), once a second for a whole job.
+  with _control_session(server.target, task.device, _size_and_dequeue) as (
+      session, (size, dequeue)):
     while pending and (chief_done_at is None or
                        time.monotonic() - chief_done_at < linger_secs):
-      try:
-        message = _run(session, dequeue, 1.0).decode()
-      except tf.errors.DeadlineExceededError:
+      if not _run(session, size, _CONTROL_TIMEOUT_SECS):
+        time.sleep(_PS_POLL_SECS)
         continue
+      message = _run(session, dequeue, _CONTROL_TIMEOUT_SECS).decode()
       trainer, status = message.rsplit(":", 1)
       pending.discard(trainer)
       logging.info("ps task %d: %s stopped (%s)", task.index, trainer, status)
