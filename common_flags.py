@@ -51,8 +51,6 @@ flags.DEFINE_integer("max_steps", 1500, "train.py: train until this global "
                      "or past it (default: the step train.py recorded in "
                      "--model_dir).")
 flags.DEFINE_integer("random_seed", 1, "Graph-level random seed.")
-flags.DEFINE_bool("use_ema_weights", True, "eval.py, export.py: use the "
-                  "moving-average weights when the checkpoint has them.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,12 +174,6 @@ def recorded_max_steps(record: Optional[run_config.RunRecord]) -> int:
   if FLAGS["max_steps"].present or record is None or not record.max_steps:
     return FLAGS.max_steps
   return record.max_steps
-
-
-def checkpoint_has_ema(checkpoint: str) -> bool:
-  """Whether the checkpoint holds moving averages of the weights."""
-  return any(name.endswith("/ExponentialMovingAverage")
-             for name, _ in tf.train.list_variables(checkpoint))
 
 
 def towers_from_flags() -> Towers:

@@ -32,6 +32,7 @@ import tqdm
 import estimator_multigpu as emg
 from estimator_multigpu import evaluation
 
+import checkpoint_flags
 import classifier
 import common_flags
 import datasets
@@ -70,7 +71,7 @@ class ProgressBarHook(tf1.train.SessionRunHook):
     self._bar.close()
 
 
-checkpoint_has_ema = common_flags.checkpoint_has_ema
+checkpoint_has_ema = checkpoint_flags.checkpoint_has_ema
 
 
 def num_eval_batches(dataset_name: str, split: str,

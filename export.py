@@ -31,6 +31,7 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 
+import checkpoint_flags
 import classifier
 import common_flags
 import datasets
@@ -91,7 +92,7 @@ def export(model_dir: str, export_dir: str,
   """Exports the model_dir's classifier; returns the SavedModel's path."""
   setup = common_flags.model_setup(model_dir)
   checkpoint = latest_checkpoint(model_dir, checkpoint_path)
-  use_ema = use_ema_weights and common_flags.checkpoint_has_ema(checkpoint)
+  use_ema = use_ema_weights and checkpoint_flags.checkpoint_has_ema(checkpoint)
   preprocessing = ((setup.record.preprocessing if setup.record else None)
                    or datasets.preprocessing(setup.dataset_name))
   logging.info("Exporting %s (%s weights; %s, %d classes, %dx%d input, "

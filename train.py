@@ -384,16 +384,24 @@ def run(task: Optional[cluster.Task]) -> int:
       setup.image_size, setup.num_classes, trainer_number(task),
       setup.dataset_name, setup.dataset_dir), setup)
   if received is None:
-    if task is None or task.is_chief:
-      logging.info("Done: step %d in %s. Evaluate with: python eval.py "
-                   "--model_dir=%s", FLAGS.max_steps, FLAGS.model_dir,
-                   FLAGS.model_dir)
+    log_done(task)
     return 0
   step = (estimator.get_variable_value("global_step")
           if task is None or task.is_chief else "?")
   logging.warning("Stopped by signal %d at step %s; checkpoint saved in %s",
                   received, step, FLAGS.model_dir)
   return 128 + received
+
+
+def log_done(task: Optional[cluster.Task]) -> None:
+  """The last line of a finished trainer; the chief's says what is next."""
+  if task is not None and not task.is_chief:
+    logging.info("Training done (%s).", task.device)
+    return
+  logging.info("Training done: step %d in %s. Next: python eval.py "
+               "--model_dir=%s (or export.py --model_dir=%s "
+               "--export_dir=...)", FLAGS.max_steps, FLAGS.model_dir,
+               FLAGS.model_dir, FLAGS.model_dir)
 
 
 def run_cluster_task(task: cluster.Task) -> int:

@@ -276,7 +276,12 @@ def test_async_cluster_from_tf_config_with_an_evaluator(tmp_path):
   for name in ("ps_0", "worker_0", "worker_1", "evaluator_0"):
     assert os.path.exists(os.path.join(logs, f"{name}.log"))
   assert "the job is finished; exiting" in read(f"{logs}/ps_0.log")
-  assert "Loss for final step" in read(f"{logs}/worker_1.log")
+  assert "Training done" in read(f"{logs}/worker_1.log")
+  assert "Skipping cancelled dequeue" not in read(f"{logs}/ps_0.log")
+  # The launcher shows the evaluator's last metrics line and the logs.
+  assert re.search(r"evaluator_0 final metrics: accuracy=\S+ global_step=",
+                   output), output[-2000:]
+  assert f"logs in {logs}" in output
   assert max(eval_steps(model_dir)) >= 100  # the chief's last checkpoint.
   assert "accuracy=" in read(f"{logs}/evaluator_0.log")
 
@@ -361,7 +366,7 @@ def test_sync_job_finishes_after_a_worker_is_killed_and_restarted(tmp_path):
     tasks.stop()
   # Without the restarted worker no step could be aggregated: it rejoined.
   assert checkpoint_step(model_dir) == 400
-  assert "Loss for final step" in tasks.log("restarted")
+  assert "Training done" in tasks.log("restarted")
   assert "chief:0 stopped (ok)" in tasks.log("ps")
 
 
