@@ -440,3 +440,21 @@ def test_launcher_arguments(capsys):
   args, script_args = launch.parse_args([*script, "--num_ps", "2", "--",
                                          "--x=1"])
   assert (args.num_ps, args.num_workers, script_args) == (2, 2, ["--x=1"])
+
+
+def test_launcher_summary_shows_the_evaluators_metrics_and_the_logs(
+    tmp_path):
+  log = tmp_path / "evaluator_0.log"
+  log.write_text("I1123 evaluation.py:68] Evaluated ckpt-100: {...}\n"
+                 "accuracy=0.9000 global_step=50 loss=0.3000\n"
+                 "accuracy=0.9500 global_step=100 loss=0.2000 top_5=1.0000\n"
+                 "I1123 task.py:1] exiting\n")
+  assert launch.final_metrics(str(log)) == (
+      "accuracy=0.9500 global_step=100 loss=0.2000 top_5=1.0000")
+  done = types.SimpleNamespace(poll=lambda: 0)
+  tasks = [launch.TaskProcess("worker_0", "worker", "w.log", done),
+           launch.TaskProcess("evaluator_0", "evaluator", str(log), done)]
+  text = launch.summary(tasks, str(tmp_path))
+  assert "evaluator_0 final metrics: accuracy=0.9500 global_step=100" in text
+  assert text.endswith(f"logs in {tmp_path}")
+  assert launch.final_metrics(str(tmp_path / "missing.log")) is None
