@@ -1,5 +1,10 @@
-"""Flags shared by train.py and eval.py, and the small functions that read
-them into plain library arguments (the library itself defines no flags)."""
+"""Flags shared by train.py, eval.py and export.py, and the small functions
+that read them into plain library arguments (the library itself defines no
+flags).
+
+eval.py and export.py take the model and data flags from the model_dir's
+recorded configuration (run_config.py) unless given on the command line.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from estimator_multigpu import devices as devices_lib
 
 import datasets
 import nets
+import run_config
 
 FLAGS = flags.FLAGS
 
@@ -55,10 +61,13 @@ def _pin_gpus_at_parse(gpus: Optional[list]) -> bool:
 
 
 flags.DEFINE_integer("virtual_cpus", None, "Run N towers on N virtual CPU "
-                     "devices (default on machines without GPUs: 2).")
+                     "devices (default on machines without GPUs: 2). The "
+                     "same name in every tool (python -m "
+                     "estimator_multigpu.devices --virtual_cpus=N).")
 flags.DEFINE_integer("max_steps", 1500, "train.py: train until this global "
                      "step. eval.py: stop after evaluating a checkpoint at "
-                     "or past it.")
+                     "or past it (default: the step train.py recorded in "
+                     "--model_dir).")
 flags.DEFINE_integer("random_seed", 1, "Graph-level random seed.")
 flags.register_validator("gpus", _pin_gpus_at_parse)
 
@@ -123,3 +132,70 @@ def setup_from_flags() -> tuple:
   classes = num_classes(flag.dataset_name, flag.dataset_dir, flag.num_classes)
   size = image_size(flag.model_name, flag.dataset_name, flag.image_size)
   return towers, classes, size
+
+
+# The flags that say which model a model_dir holds and what data it reads.
+MODEL_FLAGS = ("model_name", "num_classes", "image_size", "dataset_name",
+               "dataset_dir")
+
+
+def given_flags(names) -> dict:
+  """name -> value of the flags among `names` given on the command line."""
+  return {name: FLAGS[name].value for name in names if FLAGS[name].present}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSetup:
+  """Which model and data a script uses: flags over the model_dir's record.
+
+  `record` is the model_dir's RunRecord (None: it has none).
+  """
+  model_name: str
+  num_classes: int
+  image_size: int
+  dataset_name: str
+  dataset_dir: Optional[str]
+  record: Optional[run_config.RunRecord] = None
+
+  def classifier_config(self) -> "classifier.ClassifierConfig":
+    """The recorded classifier (its net, classes), else a default one."""
+    import classifier  # pylint: disable=g-import-not-at-top
+    if self.record is None:
+      return classifier.ClassifierConfig(model_name=self.model_name,
+                                         num_classes=self.num_classes)
+    return dataclasses.replace(self.record.classifier,
+                               model_name=self.model_name,
+                               num_classes=self.num_classes)
+
+
+def model_setup(model_dir: str) -> ModelSetup:
+  """The model and data flags, with the model_dir's record filling in the
+  ones not given on the command line.
+
+  Raises:
+    ValueError: `--model_name` or `--num_classes` contradicts the record.
+  """
+  record = run_config.read(model_dir)
+  given = given_flags(MODEL_FLAGS)
+  if record is not None:
+    run_config.check_matches(record, given, model_dir)
+  values = run_config.recorded_or_given(
+      record, given, {name: FLAGS[name].value for name in MODEL_FLAGS})
+  classes = num_classes(values["dataset_name"], values["dataset_dir"],
+                        values["num_classes"])
+  size = image_size(values["model_name"], values["dataset_name"],
+                    values["image_size"])
+  return ModelSetup(values["model_name"], classes, size,
+                    values["dataset_name"], values["dataset_dir"], record)
+
+
+def recorded_max_steps(record: Optional[run_config.RunRecord]) -> int:
+  """--max_steps when given, else the recorded last step, else the default."""
+  if FLAGS["max_steps"].present or record is None or not record.max_steps:
+    return FLAGS.max_steps
+  return record.max_steps
+
+
+def towers_from_flags() -> Towers:
+  return resolve_towers(FLAGS.num_gpus, FLAGS.devices, FLAGS.virtual_cpus,
+                        FLAGS.gpus)

@@ -1,8 +1,12 @@
-"""Evaluates train.py's checkpoints on the held-out split: python eval.py.
+"""Evaluates train.py's checkpoints: python eval.py --model_dir=runs/digits.
 
+The net, classes, image size, data and last step come from the model_dir's
+run_config.json (written by train.py); a flag given here overrides the
+record, except that --model_name and --num_classes must match it.
 --once evaluates the latest checkpoint; otherwise every new checkpoint is
-evaluated as it appears (until --timeout_secs without one, or a checkpoint at
---max_steps). The last line printed is `key=value` pairs, e.g.
+evaluated as it appears, until one at the recorded last step (or
+--max_steps), or --timeout_secs without a new one. The last line printed
+is `key=value` pairs, e.g.
 `accuracy=0.9694 global_step=1500 loss=0.1025 top_5=0.9972`.
 """
 
@@ -14,15 +18,25 @@ from typing import Optional
 from absl import app
 from absl import flags
 from absl import logging
+
+import script_logging
+
+script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import sys
+
 import tensorflow as tf
 import tqdm
 
 import estimator_multigpu as emg
 from estimator_multigpu import evaluation
 
+import checkpoint_flags
 import classifier
 import common_flags
 import datasets
+import flag_groups
 
 FLAGS = flags.FLAGS
 tf1 = tf.compat.v1
@@ -30,21 +44,25 @@ tf1 = tf.compat.v1
 flags.DEFINE_bool("once", False, "Evaluate the latest checkpoint and exit.")
 flags.DEFINE_integer("timeout_secs", 600, "Stop after this long without a "
                      "new checkpoint.")
-flags.DEFINE_bool("use_ema_weights", True, "Evaluate the moving-average "
-                  "weights when the checkpoint has them.")
 flags.DEFINE_string("eval_split", "eval", "Split to evaluate.")
 
 
 class ProgressBarHook(tf1.train.SessionRunHook):
-  """A tqdm bar over the eval batches."""
+  """A tqdm bar over the eval batches, on its own line of a terminal.
 
-  def __init__(self, total: Optional[int]):
+  Not drawn when stderr is not a terminal (a log file, a test): there the
+  "Evaluated <checkpoint>" line that follows is the progress.
+  """
+
+  def __init__(self, total: Optional[int], show: Optional[bool] = None):
     self._total = total
+    self._show = sys.stderr.isatty() if show is None else show
     self._bar = None
 
   def after_create_session(self, session, coord):
     self._bar = tqdm.tqdm(total=self._total, desc="eval", unit="batch",
-                          leave=False)
+                          leave=True, disable=not self._show,
+                          file=sys.stderr)
 
   def after_run(self, run_context, run_values):
     self._bar.update(1)
@@ -53,9 +71,7 @@ class ProgressBarHook(tf1.train.SessionRunHook):
     self._bar.close()
 
 
-def checkpoint_has_ema(checkpoint: str) -> bool:
-  return any(name.endswith("/ExponentialMovingAverage")
-             for name, _ in tf.train.list_variables(checkpoint))
+checkpoint_has_ema = checkpoint_flags.checkpoint_has_ema
 
 
 def num_eval_batches(dataset_name: str, split: str,
@@ -82,16 +98,25 @@ def evaluate(estimator: tf.estimator.Estimator, input_fn, checkpoint: str,
                             hooks=[ProgressBarHook(total_batches)])
 
 
+def eval_input_fn(setup: common_flags.ModelSetup, split: str,
+                  batch_size: int):
+  return datasets.make_input_fn(
+      setup.dataset_name, split, batch_size, image_size=setup.image_size,
+      data_dir=setup.dataset_dir, num_classes=setup.num_classes)
+
+
 def main(argv):
   del argv
-  towers, num_classes, image_size = common_flags.setup_from_flags()
-  config = classifier.ClassifierConfig(model_name=FLAGS.model_name,
-                                       num_classes=num_classes)
-  input_fn = datasets.make_input_fn(
-      FLAGS.dataset_name, FLAGS.eval_split, FLAGS.batch_size,
-      image_size=image_size, data_dir=FLAGS.dataset_dir,
-      num_classes=num_classes)
-  total = num_eval_batches(FLAGS.dataset_name, FLAGS.eval_split,
+  script_logging.configure(FLAGS.verbosity)
+  towers = common_flags.towers_from_flags()
+  setup = common_flags.model_setup(FLAGS.model_dir)
+  if setup.record is None:
+    logging.warning("--model_dir=%s has no run_config.json (train.py writes "
+                    "it); using the model and data flags.", FLAGS.model_dir)
+  config = setup.classifier_config()
+  max_steps = common_flags.recorded_max_steps(setup.record)
+  input_fn = eval_input_fn(setup, FLAGS.eval_split, FLAGS.batch_size)
+  total = num_eval_batches(setup.dataset_name, FLAGS.eval_split,
                            FLAGS.batch_size)
 
   def evaluate_checkpoint(checkpoint: str) -> dict:
@@ -102,10 +127,10 @@ def main(argv):
     return evaluate(estimator, input_fn, checkpoint, total)
 
   metrics = evaluation.evaluate_checkpoints(
-      evaluate_checkpoint, FLAGS.model_dir, FLAGS.max_steps,
+      evaluate_checkpoint, FLAGS.model_dir, max_steps,
       FLAGS.timeout_secs, once=FLAGS.once, require_max_steps=False)
   print(evaluation.format_metrics(metrics))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=flag_groups.parser(__doc__))

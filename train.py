@@ -15,6 +15,12 @@ On a cluster (docs/distributed.md) every task runs this script with the same
 and --task_index (worker 0 is the chief), or with a TF_CONFIG environment
 variable instead of those flags. --sync_replicas averages one gradient from
 each worker per step; without it the workers update asynchronously.
+
+The run's configuration (net, classes, image size, preprocessing, schedule,
+towers, options) is written to --model_dir/run_config.json, so eval.py and
+export.py need only --model_dir; a resume takes the net and data from it.
+Logs are quiet by default (progress lines with an ETA); --verbosity=1 shows
+TensorFlow's own lines too.
 """
 
 from __future__ import annotations
@@ -29,7 +35,12 @@ from typing import Optional
 from absl import app
 from absl import flags
 from absl import logging
-import tensorflow as tf
+
+import script_logging
+
+script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import estimator_multigpu as emg
 from estimator_multigpu import checkpoints
@@ -42,6 +53,9 @@ from estimator_multigpu.cluster import job_control
 import classifier
 import common_flags
 import datasets
+import flag_groups
+import run_checks
+import run_config
 
 FLAGS = flags.FLAGS
 
@@ -65,7 +79,8 @@ flags.DEFINE_integer("save_checkpoints_steps", 500, "Checkpoint every N "
 flags.DEFINE_integer("save_checkpoints_secs", None, "Checkpoint every N "
                      "seconds instead of every --save_checkpoints_steps.")
 flags.DEFINE_integer("save_summary_steps", 100, "Summaries every N steps.")
-flags.DEFINE_integer("log_every_n_steps", 100, "Progress line every N steps.")
+flags.DEFINE_integer("log_every_n_steps", None, "Progress line every N "
+                     "steps (default: a tenth of --max_steps, at most 100).")
 flags.DEFINE_float("clip_gradients_by_norm", None, "Clip the combined "
                    "gradient to this global norm.")
 flags.DEFINE_enum("variable_update", "shared", ["shared", "replicated"],
@@ -73,8 +88,9 @@ flags.DEFINE_enum("variable_update", "shared", ["shared", "replicated"],
                   "device (tf_cnn_benchmarks parameter_server); replicated: "
                   "a copy per tower and all-reduced gradients "
                   "(tf_cnn_benchmarks replicated).")
-flags.DEFINE_bool("scaling_report", True, "Log the scaling report (input "
-                  "wait, per-tower throughput) and warn when input-bound.")
+flags.DEFINE_bool("scaling_report", True, "Warn when the run is "
+                  "input-bound; its per-window report (input wait) shows "
+                  "with --verbosity=1.")
 flags.DEFINE_integer("min_free_disk_mb", 50, "Refuse to start when the model "
                      "dir's disk has less free space than this.")
 flags.DEFINE_list("ps_hosts", None, "Cluster: ps addresses, host:port,...")
@@ -153,13 +169,15 @@ def checkpoint_schedule(steps: Optional[int], secs: Optional[int],
   return steps, None
 
 
-def classifier_config(num_classes: int,
-                      sync_replicas: int = 0) -> classifier.ClassifierConfig:
-  """The model_fn's configuration from the flags."""
+def classifier_config(num_classes: int, sync_replicas: int = 0,
+                      model_name: Optional[str] = None
+                      ) -> classifier.ClassifierConfig:
+  """The model_fn's configuration from the flags (`model_name`: the net,
+  default --model_name)."""
   decay_steps = FLAGS.decay_steps or max(FLAGS.max_steps - FLAGS.warmup_steps,
                                          1)
   return classifier.ClassifierConfig(
-      model_name=FLAGS.model_name, num_classes=num_classes,
+      model_name=model_name or FLAGS.model_name, num_classes=num_classes,
       weight_decay=FLAGS.weight_decay, label_smoothing=FLAGS.label_smoothing,
       optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate,
       momentum=FLAGS.momentum,
@@ -174,13 +192,15 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
                    log_every_n_steps: int, model_dir: Optional[str],
                    trainers: int = 1, sync_replicas: bool = False,
                    scaling_report: bool = True,
-                   variable_update: str = "shared"):
+                   variable_update: str = "shared",
+                   sync_batch_norm: bool = False):
   """The classifier model_fn on the towers, with progress (and scaling) hooks.
 
   The hook writes throughput summaries to `model_dir` (None: only logs). On
   a cluster of `trainers` workers it reports the whole cluster's examples
   per second: a global step is one worker's batch, or with `sync_replicas`
-  one batch from each worker.
+  one batch from each worker. When the training graph has batch norm and
+  the per-tower batch is small (without `sync_batch_norm`), it warns.
   """
   wrapped = emg.multi_gpu(classifier.model_fn, devices=towers.devices,
                           ema_decay=ema_decay,
@@ -191,12 +211,16 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
   num_towers = len(towers.devices) * trainers
 
   def progress(spec):
+    run_checks.warn_small_batch_norm(tf.compat.v1.get_default_graph(),
+                                     global_batch_size, len(towers.devices),
+                                     sync_batch_norm)
     progress_hook = hooks.ProgressHook(spec.loss, examples_per_step,
                                        num_towers, max_steps,
                                        log_every_n_steps, model_dir)
     if not scaling_report:
       return [progress_hook]
-    return [progress_hook, scaling.ScalingReportHook(progress_hook)]
+    return [progress_hook, scaling.ScalingReportHook(
+        progress_hook, report_level=logging.DEBUG, repeat_warnings=False)]
 
   return hooks.with_training_hooks(wrapped, progress)
 
@@ -217,12 +241,78 @@ def build_estimator(model_fn, config: classifier.ClassifierConfig,
                                 params={"classifier": config})
 
 
-def train_input_fn(image_size: int, num_classes: int, trainer: int = 0):
-  """The training input; trainer k of a cluster shuffles with seed + k."""
+def train_input_fn(image_size: int, num_classes: int, trainer: int = 0,
+                   dataset_name: Optional[str] = None,
+                   dataset_dir: Optional[str] = None):
+  """The training input; trainer k of a cluster shuffles with seed + k.
+
+  `dataset_name` and `dataset_dir` default to the flags.
+  """
   return datasets.make_input_fn(
-      FLAGS.dataset_name, "train", FLAGS.batch_size, image_size=image_size,
-      data_dir=FLAGS.dataset_dir, num_classes=num_classes,
-      seed=FLAGS.random_seed + trainer)
+      dataset_name or FLAGS.dataset_name, "train", FLAGS.batch_size,
+      image_size=image_size, data_dir=dataset_dir or FLAGS.dataset_dir,
+      num_classes=num_classes, seed=FLAGS.random_seed + trainer)
+
+
+def log_every_n_steps(flag_value: Optional[int], max_steps: int) -> int:
+  """--log_every_n_steps, else a tenth of the run (1..100 steps)."""
+  if flag_value:
+    return flag_value
+  return max(1, min(100, max_steps // 10))
+
+
+def flag_value(name: str, default=None):
+  """A flag's value, or `default` when this checkout does not define it."""
+  return FLAGS[name].value if name in FLAGS else default
+
+
+def checkpoint_step(model_dir: str) -> Optional[int]:
+  """The global step of the model_dir's latest checkpoint; None: none."""
+  latest = tf.train.latest_checkpoint(model_dir)
+  return int(latest.rsplit("-", 1)[1]) if latest else None
+
+
+def learning_rate_at(config: classifier.ClassifierConfig, step: int) -> float:
+  """The schedule's learning rate at `step` (evaluated in a scratch graph)."""
+  with tf.Graph().as_default():
+    rate = classifier.learning_rate(config, tf.constant(step, tf.int64))
+    with tf.compat.v1.Session() as session:
+      return float(session.run(rate))
+
+
+def run_record(setup: common_flags.ModelSetup,
+               config: classifier.ClassifierConfig,
+               towers: common_flags.Towers) -> run_config.RunRecord:
+  """What run_config.json records for this run."""
+  options = {name: flag_value(name) for name in (
+      "moving_average_decay", "clip_gradients_by_norm", "random_seed",
+      "sync_replicas", "variable_update", "sync_batch_norm",
+      "accumulate_steps", "mixed_precision") if name in FLAGS}
+  return run_config.RunRecord(
+      classifier=config, image_size=setup.image_size,
+      dataset_name=setup.dataset_name, dataset_dir=setup.dataset_dir,
+      preprocessing=datasets.preprocessing(setup.dataset_name),
+      max_steps=FLAGS.max_steps, global_batch_size=FLAGS.batch_size,
+      towers=tuple(towers.devices), options=options)
+
+
+def record_run(setup: common_flags.ModelSetup,
+               config: classifier.ClassifierConfig,
+               towers: common_flags.Towers, model_dir: str) -> None:
+  """Writes run_config.json; on a resume, says if the schedule changed."""
+  step = checkpoint_step(model_dir)
+  if step is not None and setup.record is not None:
+    changes = run_config.schedule_changes(setup.record.classifier, config)
+    if changes:
+      rates = (learning_rate_at(setup.record.classifier, step),
+               learning_rate_at(config, step))
+      logging.warning(run_config.schedule_change_message(
+          changes, step, model_dir, rates))
+  if step is not None:
+    logging.info("Resuming from %s (step %d of %d)",
+                 tf.train.latest_checkpoint(model_dir), step, FLAGS.max_steps)
+  logging.info("Run configuration: %s", run_config.write(
+      model_dir, run_record(setup, config, towers)))
 
 
 def cluster_task() -> Optional[cluster.Task]:
@@ -276,21 +366,27 @@ def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
   summary_dir = FLAGS.model_dir if task is None or task.is_chief else None
   model_fn = build_model_fn(towers, FLAGS.moving_average_decay,
                             FLAGS.clip_gradients_by_norm, FLAGS.batch_size,
-                            FLAGS.max_steps, FLAGS.log_every_n_steps,
+                            FLAGS.max_steps,
+                            log_every_n_steps(FLAGS.log_every_n_steps,
+                                              FLAGS.max_steps),
                             summary_dir, len(task.trainers) if task else 1,
                             FLAGS.sync_replicas, FLAGS.scaling_report,
-                            FLAGS.variable_update)
+                            FLAGS.variable_update,
+                            bool(flag_value("sync_batch_norm", False)))
   steps, secs = schedule
   return build_estimator(model_fn, config, towers, FLAGS.model_dir, steps,
                          FLAGS.save_summary_steps, FLAGS.random_seed, secs)
 
 
 def train(estimator: tf.estimator.Estimator, task: Optional[cluster.Task],
-          towers: common_flags.Towers, input_fn) -> Optional[int]:
+          towers: common_flags.Towers, input_fn,
+          setup: Optional[common_flags.ModelSetup] = None) -> Optional[int]:
   """Trains here or as a cluster trainer; returns the stopping signal."""
-  logging.info("Training %s on %s: global batch %d over %d towers -> %s",
-               FLAGS.model_name, FLAGS.dataset_name, FLAGS.batch_size,
-               len(towers.devices), FLAGS.model_dir)
+  logging.info("Training %s on %s: global batch %d over %d towers to step "
+               "%d -> %s", setup.model_name if setup else FLAGS.model_name,
+               setup.dataset_name if setup else FLAGS.dataset_name,
+               FLAGS.batch_size, len(towers.devices), FLAGS.max_steps,
+               FLAGS.model_dir)
   on_blocked = None if task is None else (
       lambda number, secs: job_control.abandon(task, number, secs))
   with hooks.SignalStop(blocked_secs=FLAGS.stop_grace_secs,
@@ -312,12 +408,13 @@ def train(estimator: tf.estimator.Estimator, task: Optional[cluster.Task],
   return stop.received
 
 
-def evaluate(estimator: tf.estimator.Estimator, image_size: int,
-             num_classes: int) -> None:
+def evaluate(estimator: tf.estimator.Estimator,
+             setup: common_flags.ModelSetup) -> None:
   """The evaluator task: each new checkpoint of the chief, to max_steps."""
   input_fn = datasets.make_input_fn(
-      FLAGS.dataset_name, "eval", FLAGS.batch_size, image_size=image_size,
-      data_dir=FLAGS.dataset_dir, num_classes=num_classes)
+      setup.dataset_name, "eval", FLAGS.batch_size,
+      image_size=setup.image_size, data_dir=setup.dataset_dir,
+      num_classes=setup.num_classes)
   metrics = evaluation.evaluate_checkpoints(
       lambda path: estimator.evaluate(input_fn, checkpoint_path=path),
       estimator.model_dir, FLAGS.max_steps, FLAGS.eval_timeout_secs)
@@ -329,25 +426,42 @@ def run(task: Optional[cluster.Task]) -> int:
   if task is not None and task.type == cluster.PS:
     job_control.serve_ps(task, FLAGS.ps_linger_secs)
     return 0
-  towers, num_classes, image_size = common_flags.setup_from_flags()
-  config = classifier_config(num_classes, replicas_to_aggregate(task))
+  towers = common_flags.towers_from_flags()
+  setup = common_flags.model_setup(FLAGS.model_dir)
+  config = classifier_config(setup.num_classes, replicas_to_aggregate(task),
+                             setup.model_name)
   schedule = checkpoint_schedule(FLAGS.save_checkpoints_steps,
                                  FLAGS.save_checkpoints_secs,
                                  FLAGS["save_checkpoints_steps"].present)
   towers = prepare_task(task, towers)
+  if task is None or task.is_chief:
+    record_run(setup, config, towers, FLAGS.model_dir)
   estimator = make_estimator(task, towers, config, schedule)
   if task is not None and task.type == cluster.EVALUATOR:
-    evaluate(estimator, image_size, num_classes)
+    evaluate(estimator, setup)
     return 0
   received = train(estimator, task, towers, train_input_fn(
-      image_size, num_classes, trainer_number(task)))
+      setup.image_size, setup.num_classes, trainer_number(task),
+      setup.dataset_name, setup.dataset_dir), setup)
   if received is None:
+    log_done(task)
     return 0
   step = (estimator.get_variable_value("global_step")
           if task is None or task.is_chief else "?")
   logging.warning("Stopped by signal %d at step %s; checkpoint saved in %s",
                   received, step, FLAGS.model_dir)
   return 128 + received
+
+
+def log_done(task: Optional[cluster.Task]) -> None:
+  """The last line of a finished trainer; the chief's says what is next."""
+  if task is not None and not task.is_chief:
+    logging.info("Training done (%s).", task.device)
+    return
+  logging.info("Training done: step %d in %s. Next: python eval.py "
+               "--model_dir=%s (or export.py --model_dir=%s "
+               "--export_dir=...)", FLAGS.max_steps, FLAGS.model_dir,
+               FLAGS.model_dir, FLAGS.model_dir)
 
 
 def run_cluster_task(task: cluster.Task) -> int:
@@ -361,6 +475,7 @@ def run_cluster_task(task: cluster.Task) -> int:
 
 def main(argv):
   del argv
+  script_logging.configure(FLAGS.verbosity)
   task = cluster_task()
   if task is None:
     sys.exit(run(None))
@@ -368,4 +483,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=flag_groups.parser(__doc__))

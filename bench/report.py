@@ -129,11 +129,16 @@ class Check:
   detail: str
   shortfall: float = 0.0  # for a throughput ratio: how far below target.
 
+  def within(self, resolution: Optional[float]) -> bool:
+    """A miss by no more than the run's resolution (a ratio's shortfall)."""
+    return bool(not self.passed and resolution and
+                0 < self.shortfall <= resolution)
+
   def line(self, resolution: Optional[float] = None) -> str:
     """`PASS|MISS name: detail`; a miss smaller than the run's measured
     resolution (spread of identical processes) says so."""
     note = ""
-    if not self.passed and resolution and 0 < self.shortfall <= resolution:
+    if self.within(resolution):
       note = (f" (short by {100 * self.shortfall:.1f}%, within the "
               f"{100 * resolution:.1f}% resolution)")
     return (f"{'PASS' if self.passed else 'MISS'} {self.name}: "

@@ -2,9 +2,14 @@
 against the unwrapped model_fn, MirroredStrategy and the hand-written tower
 loop: `python -m bench.run [--quick]`.
 
-Prints markdown tables and PASS/MISS target lines, writes JSON (--output).
-Every system runs in its own subprocess; timed windows are interleaved, so
-compare ratios within one run, not absolute numbers across runs.
+Prints markdown tables and PASS/MISS target lines, writes JSON (--output,
+default outside the checkout in the temp dir; the path is printed). Every
+system runs in its own subprocess; timed windows are interleaved, so compare
+ratios within one run, not absolute numbers across runs. The subprocess logs
+go to a temp dir that is removed at the end unless a system failed
+(--keep_logs keeps it). Exit status: 0 when every target passed or missed by
+less than the run's resolution; 1 when a target missed beyond it or a system
+failed.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from bench import schedule
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_bool("quick", False, "A ~3-minute run on 2 cores: MLP and "
-                  "LeNet, fewer and shorter windows, LeNet graph builds.")
+flags.DEFINE_bool("quick", False, "MLP and LeNet, fewer and shorter "
+                  "windows, LeNet graph builds: about 160 s on an idle "
+                  "2-core machine, 400 s on a busy one.")
 flags.DEFINE_list("models", None, "Models (default: mlp,lenet,resnet_v1_50; "
                   "quick: mlp,lenet). Choices: " + ",".join(specs.MODELS))
 flags.DEFINE_list("towers", ["1", "2", "4"], "Tower counts for multi_gpu and "
@@ -52,7 +58,24 @@ flags.DEFINE_enum("kind", "auto", ["auto", "cpu", "gpu"], "Tower devices: "
                   "virtual CPUs, or GPUs (auto: GPUs if nvidia-smi exists).")
 flags.DEFINE_list("thread_variants", [], "Extra multi_gpu runs with explicit "
                   "session thread pools, as intra:inter pairs (e.g. 1:2).")
-flags.DEFINE_string("output", "bench/results.json", "Where the JSON goes.")
+flags.DEFINE_string("output", None, "Where the JSON goes (default: "
+                    "bench_results.json in the temp dir, outside the "
+                    "checkout).")
+flags.DEFINE_bool("keep_logs", False, "Keep the subprocess logs (kept "
+                  "anyway when a system failed).")
+
+
+def output_path(flag_value: str = None) -> str:
+  """--output, else bench_results.json in the temp dir."""
+  return flag_value or os.path.join(tempfile.gettempdir(),
+                                    "bench_results.json")
+
+
+def exit_status(checks: list, resolution, failures: list) -> int:
+  """1 when a system failed or a target missed beyond the resolution."""
+  beyond = [check for check in checks if not check.passed and
+            not check.within(resolution)]
+  return 1 if beyond or failures else 0
 
 
 def settings() -> dict:
@@ -102,7 +125,8 @@ def jobs_for(model: str, config: dict) -> list:
           for r in range(max(config["replicas"], 2 if job is jobs[0] else 1))]
 
 
-def main(argv):
+def main(argv) -> int:
+  """Runs the benchmark; returns the exit status (see the docstring)."""
   del argv
   start, config = time.perf_counter(), settings()
   log_dir = tempfile.mkdtemp(prefix="bench_logs_")
@@ -128,12 +152,18 @@ def main(argv):
   config["total_seconds"] = time.perf_counter() - start
   config["failures"] = failures
   config["replica_spread"] = max(spreads, default=None)
-  print_report(config, rows, graph, checks, log_dir)
-  report.to_json(FLAGS.output, config, rows, graph, checks)
+  output = output_path(FLAGS.output)
+  report.to_json(output, config, rows, graph, checks)
+  keep = FLAGS.keep_logs or bool(failures)
+  if not keep:
+    shutil.rmtree(log_dir, ignore_errors=True)
+  print_report(config, rows, graph, checks, log_dir if keep else None,
+               output)
+  return exit_status(checks, config["replica_spread"], failures)
 
 
 def print_report(config: dict, rows: list, graph: dict, checks: list,
-                 log_dir: str) -> None:
+                 log_dir, output: str) -> None:
   print(f"\n## Throughput ({config['kind']}, {config['cpu_count']} cores, "
         f"{config['rounds']} windows of ~{config['window_seconds']} s per "
         "system, interleaved; load average before the run "
@@ -159,9 +189,17 @@ def print_report(config: dict, rows: list, graph: dict, checks: list,
   print("\n## Targets\n")
   print("\n".join([check.line(config["replica_spread"]) for check in checks] +
                   [f"FAILED {failure}" for failure in config["failures"]]))
-  print(f"\n(total {config['total_seconds']:.0f} s; subprocess logs in "
-        f"{log_dir}; JSON in {FLAGS.output})")
+  logs = (f"subprocess logs in {log_dir}" if log_dir else
+          "subprocess logs removed (--keep_logs keeps them)")
+  beyond = [c for c in checks
+            if not c.passed and not c.within(config["replica_spread"])]
+  verdict = (f"{len(beyond)} MISS beyond the resolution: exit status 1"
+             if beyond or config["failures"] else
+             "every MISS within the resolution" if any(
+                 not c.passed for c in checks) else "every target met")
+  print(f"\n({verdict}; total {config['total_seconds']:.0f} s; {logs}; "
+        f"JSON in {output})")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main)  # exits with main's return value.

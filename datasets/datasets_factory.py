@@ -37,6 +37,20 @@ def default_image_size(name: str) -> Optional[int]:
   return sizes[_check_name(name)]
 
 
+def preprocessing(name: str) -> dict:
+  """How raw pixels become the net's input, for a serving graph to repeat.
+
+  Returns a dict: `channels`, `pixel_scale` (the float image is the raw
+  pixel value times it: digits' 0..16 and records' 0..255 become [0, 1]) and
+  `resize` (the method that brings images to the image size).
+  """
+  scale = {digits.NAME: 1.0 / digits.MAX_PIXEL, synthetic.NAME: 1.0,
+           tfrecord.NAME: 1.0 / 255.0}[_check_name(name)]
+  channels = {digits.NAME: 1, synthetic.NAME: synthetic.DEFAULT_CHANNELS,
+              tfrecord.NAME: tfrecord.DEFAULT_CHANNELS}[name]
+  return {'channels': channels, 'pixel_scale': scale, 'resize': 'bilinear'}
+
+
 def num_classes(name: str, data_dir: Optional[str] = None) -> int:
   """Number of classes of a dataset.
 

@@ -27,7 +27,8 @@ SPLIT_SIZES = {'train': 1437, 'eval': 360}
 NUM_EXAMPLES = 1797
 SPLIT_SEED = 0
 EVAL_FRACTION = 0.2
-_MAX_PIXEL = 16.0
+MAX_PIXEL = 16.0  # pixel values are 0..16.
+_MAX_PIXEL = MAX_PIXEL
 
 
 @functools.lru_cache(maxsize=None)

@@ -137,7 +137,9 @@ class ScalingReportHook(tf1.train.SessionRunHook):
   def __init__(self, progress: hooks.ProgressHook,
                input_bound_share: float = INPUT_BOUND_SHARE,
                min_per_tower_batch: int = MIN_PER_TOWER_BATCH_GPU,
-               on_gpu: Optional[bool] = None):
+               on_gpu: Optional[bool] = None,
+               report_level: int = logging.INFO,
+               repeat_warnings: bool = True):
     """Creates the hook and makes it a listener of `progress`.
 
     Args:
@@ -148,6 +150,12 @@ class ScalingReportHook(tf1.train.SessionRunHook):
       min_per_tower_batch: warn when the per-tower batch is below this.
       on_gpu: whether the towers are GPUs (the small-batch warning is for
         GPUs); None: whether TensorFlow sees a GPU.
+      report_level: the absl level of the per-window report line, e.g.
+        `logging.DEBUG` to show it only with --verbosity=1 (the progress
+        line already shows the same examples/sec); warnings stay WARNING.
+      repeat_warnings: False: the input-bound WARNING is logged once per
+        training session; later input-bound windows say so at
+        `report_level`.
 
     Raises:
       ValueError: the share is outside (0, 1).
@@ -159,6 +167,9 @@ class ScalingReportHook(tf1.train.SessionRunHook):
     self._input_bound_share = input_bound_share
     self._min_per_tower_batch = min_per_tower_batch
     self._on_gpu = on_gpu
+    self._report_level = report_level
+    self._repeat_warnings = repeat_warnings
+    self._warned = False
     self._input_ops = frozenset()
     self._reset()
     self.reports: list = []  # every ScalingReport logged, oldest first.
@@ -169,6 +180,7 @@ class ScalingReportHook(tf1.train.SessionRunHook):
     self._input_ops = frozenset(op.name for op in graph.get_operations()
                                 if op.type in INPUT_OP_TYPES)
     self._reset()
+    self._warned = False
     on_gpu = (self._on_gpu if self._on_gpu is not None
               else bool(tf.config.list_physical_devices("GPU")))
     advice = per_tower_batch_advice(self._progress.global_batch_size,
@@ -223,11 +235,15 @@ class ScalingReportHook(tf1.train.SessionRunHook):
                  f"input wait {100 * wait.share:.0f}% ({wait.op_name} "
                  f"{wait.input_ms:.1f} ms of a {wait.step_ms:.1f} ms traced "
                  "step)")
-    logging.info(
-        "scaling: step %d: %.1f examples/sec (%.1f per tower x %d towers, "
-        "global batch %d, %.1f ms/step over %d steps); %s", throughput.step,
-        throughput.examples_per_sec, throughput.examples_per_sec_per_tower,
-        throughput.num_towers, throughput.global_batch_size,
-        throughput.ms_per_step, throughput.steps, wait_text)
+    logging.log(
+        self._report_level, "scaling: step %d: %.1f examples/sec (%.1f per "
+        "tower x %d towers, global batch %d, %.1f ms/step over %d steps); "
+        "%s", throughput.step, throughput.examples_per_sec,
+        throughput.examples_per_sec_per_tower, throughput.num_towers,
+        throughput.global_batch_size, throughput.ms_per_step,
+        throughput.steps, wait_text)
     if wait is not None and wait.share > self._input_bound_share:
-      logging.warning(input_bound_advice(report))
+      level = (logging.WARNING if self._repeat_warnings or not self._warned
+               else self._report_level)
+      logging.log(level, input_bound_advice(report))
+      self._warned = True

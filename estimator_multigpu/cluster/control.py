@@ -29,6 +29,12 @@ def done_queue() -> tf1.FIFOQueue:
                        shared_name=_DONE_QUEUE)
 
 
+def size_and_dequeue() -> tuple:
+  """The done queue's size and a dequeue from it (poll, then take)."""
+  queue = done_queue()
+  return queue.size(), queue.dequeue()
+
+
 def ready_queue() -> tf1.FIFOQueue:
   return tf1.FIFOQueue(1, [tf.int32], shapes=[[]], name="chief_ready_queue",
                        shared_name=_READY_QUEUE)

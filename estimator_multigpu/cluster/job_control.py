@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu.cluster.control import CONTROL_TIMEOUT_SECS
 from estimator_multigpu.cluster.control import control_session
 from estimator_multigpu.cluster.control import done_queue
 from estimator_multigpu.cluster.control import ended_queue
@@ -36,6 +37,7 @@ from estimator_multigpu.cluster.control import job_ended
 from estimator_multigpu.cluster.control import ps_endpoint
 from estimator_multigpu.cluster.control import ready_queue
 from estimator_multigpu.cluster.control import run_with_timeout
+from estimator_multigpu.cluster.control import size_and_dequeue
 from estimator_multigpu.cluster.task import CHIEF, PS, Task, exit_process
 from estimator_multigpu.cluster.task import start_server
 from estimator_multigpu.cluster.watchdogs import ChiefWatch
@@ -45,6 +47,7 @@ tf1 = tf.compat.v1
 
 _SYNC_TOKEN_QUEUE = b"sync_token_q"  # SyncReplicasOptimizer's shared name.
 _PS_DRAIN_SECS = 1.0  # lets the last reporters close their sessions.
+_PS_POLL_SECS = 1.0  # how often a ps looks for trainers' reports.
 
 def wait_for_ps(task: Task, timeout_secs: float) -> None:
   """Returns once every ps task answers; raises after `timeout_secs`.
@@ -141,14 +144,18 @@ def serve_ps(task: Task, linger_secs: float = 60.0) -> list:
   pending, chief_done_at = set(task.trainers), None
   logging.info("ps task %d serving at %s until %s stop", task.index,
                server.target, ", ".join(sorted(pending)))
-  with control_session(server.target, task.device,
-                        lambda: done_queue().dequeue()) as (session, dequeue):
+  # Polls the queue's size and dequeues only what is there: a dequeue that
+  # times out is cancelled, and TensorFlow logs every cancelled dequeue
+  # ("Skipping cancelled dequeue attempt"), once a second for a whole job.
+  with control_session(server.target, task.device, size_and_dequeue) as (
+      session, (size, dequeue)):
     while pending and (chief_done_at is None or
                        time.monotonic() - chief_done_at < linger_secs):
-      try:
-        message = run_with_timeout(session, dequeue, 1.0).decode()
-      except tf.errors.DeadlineExceededError:
+      if not run_with_timeout(session, size, CONTROL_TIMEOUT_SECS):
+        time.sleep(_PS_POLL_SECS)
         continue
+      message = run_with_timeout(session, dequeue,
+                                 CONTROL_TIMEOUT_SECS).decode()
       trainer, status = message.rsplit(":", 1)
       pending.discard(trainer)
       logging.info("ps task %d: %s stopped (%s)", task.index, trainer, status)

@@ -8,8 +8,10 @@ Every task runs `python <script> <flags after -->` plus its cluster flags
 the chief), or with `--tf_config` the same cluster in a TF_CONFIG environment
 variable. Addresses are free loopback ports. Each task writes
 `<log_dir>/<job>_<index>.log`. The launcher waits for the job, stops every
-process it started that is still running, prints one line per task and exits
-with the job's status: 0 when every task ended by itself with status 0;
+process it started that is still running, prints one line per task, each
+evaluator's final metrics line (`accuracy=... global_step=...`, the last
+`key=value` line of its log) and the log directory, and exits with the
+job's status: 0 when every task ended by itself with status 0;
 otherwise the chief's status if it failed, else the first failed task's
 (124 when `--timeout_secs` ran out, 1 when a ps had to be stopped).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,6 +35,8 @@ from absl import logging
 from estimator_multigpu import cluster
 
 _OWN_FLAGS = ("--ps_hosts", "--worker_hosts", "--job_name", "--task_index")
+# evaluation.format_metrics' line: key=value pairs, one of them global_step.
+_METRICS_LINE = re.compile(r"^(\S+=\S+ )*global_step=\S+( \S+=\S+)*$")
 
 
 @dataclasses.dataclass
@@ -172,13 +177,32 @@ def with_group(task: TaskProcess, sig: int) -> None:
     pass
 
 
-def summary(tasks: list) -> str:
+def final_metrics(log_path: str) -> Optional[str]:
+  """The last metrics line (`accuracy=... global_step=...`) of a log."""
+  try:
+    with open(log_path, errors="replace") as log:
+      lines = [line.strip() for line in log]
+  except OSError:
+    return None
+  return next((line for line in reversed(lines)
+               if _METRICS_LINE.match(line)), None)
+
+
+def summary(tasks: list, log_dir: Optional[str] = None) -> str:
+  """One line per task, each evaluator's final metrics, the log dir."""
   lines = []
   for task in tasks:
     how = ("stopped by the launcher" if task.stopped else
            f"exit status {task.returncode}")
     role = " (chief)" if task.name == f"{cluster.WORKER}_0" else ""
     lines.append(f"{task.name}{role}: {how}; log {task.log_path}")
+  for task in tasks:
+    if task.job == cluster.EVALUATOR:
+      metrics = final_metrics(task.log_path)
+      lines.append(f"{task.name} final metrics: "
+                   f"{metrics or 'none (see its log)'}")
+  if log_dir:
+    lines.append(f"logs in {log_dir}")
   return "\n".join(lines)
 
 
@@ -240,7 +264,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   finally:
     stop_all(tasks)
     signal.signal(signal.SIGTERM, previous)
-  print(summary(tasks), flush=True)
+  print(summary(tasks, log_dir), flush=True)
   print(f"job status {status}", flush=True)
   return status
 

@@ -1,5 +1,8 @@
 """The benchmark's arithmetic: pooling, resolution, target checks, fingerprints."""
 
+import os
+import tempfile
+
 import pytest
 import tensorflow as tf
 
@@ -122,3 +125,27 @@ def test_one_tower_step_is_the_unwrapped_step_op_for_op():
   unwrapped, wrapped = step_fingerprint(False), step_fingerprint(True)
   assert unwrapped["num_ops"] > 50
   assert wrapped == unwrapped
+
+
+def test_exit_status_is_one_for_a_miss_beyond_the_resolution(tmp_path):
+  from bench import run  # pylint: disable=g-import-not-at-top
+  within = report.ratio_check("x", 0.96, 0.97)   # short by 1.0%.
+  beyond = report.ratio_check("y", 0.90, 0.97)   # short by 7.2%.
+  passed = report.ratio_check("z", 1.00, 0.97)
+  assert within.within(0.05) and not beyond.within(0.05)
+  assert run.exit_status([passed, within], 0.05, []) == 0
+  assert run.exit_status([passed, within, beyond], 0.05, []) == 1
+  assert run.exit_status([within], None, []) == 1  # no resolution measured.
+  assert run.exit_status([passed], 0.05, ["mirrored x4 crashed"]) == 1
+  same_graph = report.Check("graph", False, "different")  # no shortfall.
+  assert run.exit_status([same_graph], 0.05, []) == 1
+
+
+def test_results_go_outside_the_checkout_by_default():
+  from bench import run  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  default = run.output_path(None)
+  assert default == os.path.join(tempfile.gettempdir(), "bench_results.json")
+  assert not os.path.abspath(default).startswith(root + os.sep)
+  assert run.output_path("mine.json") == "mine.json"

@@ -276,7 +276,12 @@ def test_async_cluster_from_tf_config_with_an_evaluator(tmp_path):
   for name in ("ps_0", "worker_0", "worker_1", "evaluator_0"):
     assert os.path.exists(os.path.join(logs, f"{name}.log"))
   assert "the job is finished; exiting" in read(f"{logs}/ps_0.log")
-  assert "Loss for final step" in read(f"{logs}/worker_1.log")
+  assert "Training done" in read(f"{logs}/worker_1.log")
+  assert "Skipping cancelled dequeue" not in read(f"{logs}/ps_0.log")
+  # The launcher shows the evaluator's last metrics line and the logs.
+  assert re.search(r"evaluator_0 final metrics: accuracy=\S+ global_step=",
+                   output), output[-2000:]
+  assert f"logs in {logs}" in output
   assert max(eval_steps(model_dir)) >= 100  # the chief's last checkpoint.
   assert "accuracy=" in read(f"{logs}/evaluator_0.log")
 
@@ -361,7 +366,7 @@ def test_sync_job_finishes_after_a_worker_is_killed_and_restarted(tmp_path):
     tasks.stop()
   # Without the restarted worker no step could be aggregated: it rejoined.
   assert checkpoint_step(model_dir) == 400
-  assert "Loss for final step" in tasks.log("restarted")
+  assert "Training done" in tasks.log("restarted")
   assert "chief:0 stopped (ok)" in tasks.log("ps")
 
 
@@ -435,3 +440,21 @@ def test_launcher_arguments(capsys):
   args, script_args = launch.parse_args([*script, "--num_ps", "2", "--",
                                          "--x=1"])
   assert (args.num_ps, args.num_workers, script_args) == (2, 2, ["--x=1"])
+
+
+def test_launcher_summary_shows_the_evaluators_metrics_and_the_logs(
+    tmp_path):
+  log = tmp_path / "evaluator_0.log"
+  log.write_text("I1123 evaluation.py:68] Evaluated ckpt-100: {...}\n"
+                 "accuracy=0.9000 global_step=50 loss=0.3000\n"
+                 "accuracy=0.9500 global_step=100 loss=0.2000 top_5=1.0000\n"
+                 "I1123 task.py:1] exiting\n")
+  assert launch.final_metrics(str(log)) == (
+      "accuracy=0.9500 global_step=100 loss=0.2000 top_5=1.0000")
+  done = types.SimpleNamespace(poll=lambda: 0)
+  tasks = [launch.TaskProcess("worker_0", "worker", "w.log", done),
+           launch.TaskProcess("evaluator_0", "evaluator", str(log), done)]
+  text = launch.summary(tasks, str(tmp_path))
+  assert "evaluator_0 final metrics: accuracy=0.9500 global_step=100" in text
+  assert text.endswith(f"logs in {tmp_path}")
+  assert launch.final_metrics(str(tmp_path / "missing.log")) is None

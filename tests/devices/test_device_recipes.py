@@ -285,3 +285,12 @@ def test_cli_main_in_process(capsys):
   assert devices_cli.main(["--num_cpus", "2"]) == 0
   assert "/cpu:1" in capsys.readouterr().out
 
+
+
+def test_cli_takes_virtual_cpus_like_the_scripts(capsys):
+  assert devices_cli.main(["--virtual_cpus", "2"]) == 0
+  assert "/cpu:1" in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    devices_cli.main(["--help"])
+  help_text = capsys.readouterr().out
+  assert "--virtual_cpus" in help_text and "--num_cpus" not in help_text

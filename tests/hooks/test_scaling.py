@@ -9,6 +9,7 @@ import logging
 import re
 import time
 
+from absl import logging as absl_logging
 import pytest
 import tensorflow as tf
 
@@ -58,14 +59,16 @@ def input_fn(delay: float):
   return make
 
 
-def train(run_config, delay: float, every_n_steps: int, max_steps: int):
+def train(run_config, delay: float, every_n_steps: int, max_steps: int,
+          **report_options):
   """Trains with a progress hook and its scaling report; returns the latter."""
   made = []
 
   def make_hooks(spec):
     progress = hooks.ProgressHook(spec.loss, GLOBAL_BATCH, NUM_TOWERS,
                                   max_steps, every_n_steps)
-    made.append(scaling.ScalingReportHook(progress, on_gpu=False))
+    made.append(scaling.ScalingReportHook(progress, on_gpu=False,
+                                          **report_options))
     return [progress, made[-1]]
 
   estimator = tf.estimator.Estimator(hooks.with_training_hooks(
@@ -98,6 +101,19 @@ def test_slow_input_warns_input_bound(run_config, caplog):
   for report in hook.reports:
     assert report.input_wait.op_name == "IteratorGetNext"
     assert report.input_wait.share > scaling.INPUT_BOUND_SHARE
+
+
+def test_quiet_report_warns_once_and_reports_at_debug(run_config, caplog):
+  with caplog.at_level(logging.DEBUG, logger="absl"):
+    hook = train(run_config, DELAY, every_n_steps=4, max_steps=9,
+                 report_level=absl_logging.DEBUG, repeat_warnings=False)
+  warnings = [m for m in messages(caplog, logging.WARNING)
+              if "input-bound" in m]
+  assert len(hook.reports) == 2 and len(warnings) == 1
+  assert not [m for m in messages(caplog, logging.INFO)
+              if m.startswith("scaling:")]
+  assert len([m for m in messages(caplog, logging.DEBUG)
+              if m.startswith("scaling: step")]) == 2
 
 
 def test_fast_input_warns_only_where_its_measured_wait_says_so(run_config,

@@ -114,18 +114,76 @@ def run_script(script, *args):
   return result
 
 
+STDERR_CEILING = 25  # lines of a 30-step train.py run (was 129).
+
+
+def progress_lines(stderr):
+  return [line for line in stderr.splitlines() if "] step " in line]
+
+
 @pytest.mark.slow
-def test_train_then_eval_as_subprocesses(tmp_path):
+def test_train_eval_export_serve_with_model_dir_alone(tmp_path):
   model_dir = str(tmp_path / "run")
-  common = ["--model_name=mlp", f"--model_dir={model_dir}", "--max_steps=30"]
-  run_script("train.py", *common, "--save_summary_steps=10",
-             "--log_every_n_steps=10", "--save_checkpoints_steps=30")
+  trained = run_script("train.py", "--model_name=mlp",
+                       f"--model_dir={model_dir}", "--max_steps=30",
+                       "--save_summary_steps=10")
   assert os.path.exists(os.path.join(model_dir, "model.ckpt-30.index"))
+  assert os.path.exists(os.path.join(model_dir, "run_config.json"))
   assert {"loss", "learning_rate", "gradient_global_norm",
           "tower_loss/tower_0", "tower_loss/tower_1", "examples_per_sec",
           "examples_per_sec_per_tower"} <= scalar_tags(model_dir)
-  result = run_script("eval.py", *common, "--once")
-  last = result.stdout.strip().splitlines()[-1]
+  # Quiet: no deprecation or C++ noise, every line once, mostly progress.
+  lines = trained.stderr.splitlines()
+  assert len(lines) <= STDERR_CEILING, trained.stderr
+  assert len(progress_lines(trained.stderr)) >= len(lines) // 2
+  assert len(progress_lines(trained.stderr)) >= 9  # every 3 of 30 steps.
+  assert "ETA" in progress_lines(trained.stderr)[0]
+  for noise in ("deprecated", "INFO:tensorflow", "cpu_feature_guard",
+                "Instructions for updating"):
+    assert noise not in trained.stderr
+  assert len(set(lines)) == len(lines)
+  assert "Next: python eval.py --model_dir=" in lines[-1]
+
+  # eval.py with --model_dir alone: the recorded net and data, and the
+  # continuous mode stops after the recorded last step (no --once).
+  evaluated = run_script("eval.py", f"--model_dir={model_dir}")
+  last = evaluated.stdout.strip().splitlines()[-1]
   assert last.startswith("accuracy=") and "global_step=30" in last
+  assert len(evaluated.stderr.splitlines()) <= 6, evaluated.stderr
   assert {"accuracy", "loss", "top_5"} <= scalar_tags(
       os.path.join(model_dir, "eval"))
+
+  # export.py with --model_dir alone; the SavedModel takes raw pixels.
+  exported = run_script("export.py", f"--model_dir={model_dir}",
+                        f"--export_dir={tmp_path / 'export'}")
+  served = serve_digits(exported.stdout.strip().splitlines()[-1])
+  accuracy = float(last.split("accuracy=")[1].split()[0])
+  assert served == pytest.approx(accuracy, abs=1e-4)
+
+  # A resume that moves the schedule says so and how to keep it; the net
+  # comes from the record (no --model_name).
+  # Decay steps default to max_steps - 50 warm-up steps, at least 1: 30
+  # steps recorded 1, 80 steps give 30.
+  resumed = run_script("train.py", f"--model_dir={model_dir}",
+                       "--max_steps=80")
+  assert ("another learning-rate schedule than it recorded: decay_steps "
+          "1 -> 30") in resumed.stderr
+  assert "To keep the recorded schedule, pass --decay_steps=1." in (
+      resumed.stderr)
+  assert "Training mlp on digits" in resumed.stderr
+  assert "model.ckpt-30" in resumed.stderr  # where it resumed from.
+
+
+def serve_digits(saved_model):
+  """Accuracy of a SavedModel on the held-out digits, fed raw pixels."""
+  code = (
+      "import sys, numpy as np, tensorflow as tf, datasets\n"
+      "images, labels = datasets.load_digits_split('eval')\n"
+      "serve = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
+      "raw = tf.constant(images.reshape(-1, 8, 8, 1).astype('float32'))\n"
+      "print((serve(images=raw)['classes'].numpy() == labels).mean())\n")
+  result = subprocess.run([sys.executable, "-c", code, saved_model],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return float(result.stdout.strip().splitlines()[-1])

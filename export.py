@@ -1,0 +1,121 @@
+"""Exports a trained classifier as a SavedModel for serving.
+
+    python export.py --model_dir=runs/digits --export_dir=exports/digits
+
+Everything else comes from the model_dir's run_config.json (written by
+train.py): the net, classes, image size and preprocessing. The SavedModel
+(in a numbered subdirectory of --export_dir, printed last) has a
+`serving_default` signature taking `images`, a float32 batch [N, H, W, C]
+of raw pixels (any N, H, W; the dataset's own range: 0..16 for digits,
+0..255 for images from TFRecords), which the graph resizes and scales as
+training did, and returning `classes` and `probabilities`. It holds no
+tower structure and no device placement: it serves on one CPU. The
+moving-average weights are exported when the checkpoint has them
+(--nouse_ema_weights: the raw ones).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+
+import script_logging
+
+script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import tensorflow as tf
+
+import estimator_multigpu as emg
+
+import checkpoint_flags
+import classifier
+import common_flags
+import datasets
+import flag_groups
+
+FLAGS = flags.FLAGS
+tf1 = tf.compat.v1
+INPUT_NAME = "images"
+
+flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (a "
+                    "numbered subdirectory is created).")
+flags.DEFINE_string("checkpoint_path", None, "Checkpoint to export "
+                    "(default: the latest in --model_dir).")
+
+
+def serving_input_fn(image_size: int, preprocessing: dict):
+  """Raw pixels in, the net's input out: resize and scale in the graph."""
+  channels = preprocessing.get("channels")
+  scale = preprocessing.get("pixel_scale", 1.0)
+
+  def input_fn():
+    images = tf1.placeholder(tf.float32, [None, None, None, channels],
+                             name=INPUT_NAME)
+    resized = tf.image.resize(images, [image_size, image_size],
+                              method=tf.image.ResizeMethod.BILINEAR)
+    return tf.estimator.export.TensorServingInputReceiver(
+        resized * scale, {INPUT_NAME: images})
+
+  return input_fn
+
+
+def build_estimator(config: classifier.ClassifierConfig, model_dir: str,
+                    use_ema: bool) -> tf.estimator.Estimator:
+  """The classifier on one tower (export has no towers, no devices)."""
+  model_fn = emg.multi_gpu(classifier.model_fn, devices=None,
+                           ema_decay=0.999 if use_ema else None)  # names only.
+  return tf.estimator.Estimator(model_fn, model_dir=model_dir,
+                                params={"classifier": config})
+
+
+def latest_checkpoint(model_dir: str, flag_value: Optional[str]) -> str:
+  """--checkpoint_path, else the model_dir's latest checkpoint.
+
+  Raises:
+    FileNotFoundError: there is none.
+  """
+  checkpoint = flag_value or tf.train.latest_checkpoint(model_dir)
+  if checkpoint is None:
+    raise FileNotFoundError(
+        f"--model_dir={model_dir} holds no checkpoint; run train.py with the "
+        "same --model_dir first, or give --checkpoint_path.")
+  return checkpoint
+
+
+def export(model_dir: str, export_dir: str,
+           checkpoint_path: Optional[str] = None,
+           use_ema_weights: bool = True) -> str:
+  """Exports the model_dir's classifier; returns the SavedModel's path."""
+  setup = common_flags.model_setup(model_dir)
+  checkpoint = latest_checkpoint(model_dir, checkpoint_path)
+  use_ema = use_ema_weights and checkpoint_flags.checkpoint_has_ema(checkpoint)
+  preprocessing = ((setup.record.preprocessing if setup.record else None)
+                   or datasets.preprocessing(setup.dataset_name))
+  logging.info("Exporting %s (%s weights; %s, %d classes, %dx%d input, "
+               "pixels x %.4g)", checkpoint,
+               "moving-average" if use_ema else "raw", setup.model_name,
+               setup.num_classes, setup.image_size, setup.image_size,
+               preprocessing.get("pixel_scale", 1.0))
+  estimator = build_estimator(setup.classifier_config(), model_dir, use_ema)
+  path = estimator.export_saved_model(
+      export_dir, serving_input_fn(setup.image_size, preprocessing),
+      checkpoint_path=checkpoint)
+  return path.decode() if isinstance(path, bytes) else path
+
+
+def main(argv):
+  del argv
+  script_logging.configure(FLAGS.verbosity)
+  if not FLAGS.export_dir:
+    raise app.UsageError("--export_dir is required: where to write the "
+                         "SavedModel, e.g. --export_dir=exports/digits.")
+  print(export(FLAGS.model_dir, FLAGS.export_dir, FLAGS.checkpoint_path,
+               FLAGS.use_ema_weights))
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=flag_groups.parser(__doc__))

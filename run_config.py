@@ -1,0 +1,164 @@
+"""What a model_dir holds, recorded beside its checkpoints: run_config.json.
+
+train.py writes it when it starts (the chief on a cluster): the classifier
+(net, classes, schedule, options), image size and preprocessing, data,
+towers and the last step. eval.py and export.py read it, so they need only
+`--model_dir`; a flag given on their command line overrides the record,
+except that the net and the number of classes must match it (the
+checkpoints would not load): a mismatch is a `ValueError` saying so.
+
+A resumed train.py compares its schedule with the recorded one and logs
+what changed, e.g. a new `--max_steps` that moves the decay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Optional
+
+import classifier
+
+FILENAME = "run_config.json"
+FORMAT_VERSION = 1
+MUST_MATCH = ("model_name", "num_classes")  # or the checkpoints won't load.
+SCHEDULE_FIELDS = ("optimizer", "learning_rate", "momentum",
+                   "learning_rate_decay_type", "decay_steps", "decay_rate",
+                   "end_learning_rate", "warmup_steps")
+# Flags whose value a ClassifierConfig field holds under the same name.
+SCHEDULE_FLAGS = {"decay_steps": "decay_steps"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+  """A training run's configuration, as recorded in the model_dir."""
+  classifier: classifier.ClassifierConfig
+  image_size: int
+  dataset_name: str
+  dataset_dir: Optional[str] = None
+  preprocessing: dict = dataclasses.field(default_factory=dict)
+  max_steps: Optional[int] = None
+  global_batch_size: Optional[int] = None
+  towers: tuple = ()
+  options: dict = dataclasses.field(default_factory=dict)
+
+  def to_json(self) -> str:
+    data = dataclasses.asdict(self)
+    data["towers"] = list(self.towers)
+    return json.dumps({"format_version": FORMAT_VERSION, **data}, indent=2,
+                      sort_keys=True) + "\n"
+
+  @classmethod
+  def from_dict(cls, data: dict) -> "RunRecord":
+    """The record from its JSON dict; unknown keys (newer files) ignored."""
+    known = {field.name for field in dataclasses.fields(classifier
+                                                        .ClassifierConfig)}
+    config = classifier.ClassifierConfig(**{
+        key: value for key, value in data["classifier"].items()
+        if key in known})
+    fields = {field.name for field in dataclasses.fields(cls)}
+    rest = {key: value for key, value in data.items()
+            if key in fields and key != "classifier"}
+    rest["towers"] = tuple(rest.get("towers", ()))
+    return cls(classifier=config, **rest)
+
+
+def path(model_dir: str) -> str:
+  return os.path.join(model_dir, FILENAME)
+
+
+def write(model_dir: str, record: RunRecord) -> str:
+  """Writes the record atomically; returns its path."""
+  target = path(model_dir)
+  temporary = target + ".tmp"
+  with open(temporary, "w") as f:
+    f.write(record.to_json())
+  os.replace(temporary, target)
+  return target
+
+
+def read(model_dir: str) -> Optional[RunRecord]:
+  """The recorded configuration, or None when the model_dir has none.
+
+  Raises:
+    ValueError: the file exists but cannot be read as a record.
+  """
+  try:
+    with open(path(model_dir)) as f:
+      data = json.load(f)
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as error:
+    raise ValueError(f"{path(model_dir)} cannot be read ({error}); fix or "
+                     "delete it and give every model flag.") from error
+  try:
+    return RunRecord.from_dict(data)
+  except (KeyError, TypeError, ValueError) as error:
+    raise ValueError(f"{path(model_dir)} is not a run configuration "
+                     f"({error}); fix or delete it and give every model "
+                     "flag.") from error
+
+
+def check_matches(record: RunRecord, given: dict, model_dir: str) -> None:
+  """Raises when a flag given explicitly contradicts the recorded net.
+
+  Args:
+    record: the model_dir's record.
+    given: flag name -> value, for the flags on the command line.
+    model_dir: for the message.
+
+  Raises:
+    ValueError: `--model_name` or `--num_classes` differs from the record.
+  """
+  for name in MUST_MATCH:
+    recorded = getattr(record.classifier, name)
+    if name in given and given[name] != recorded:
+      raise ValueError(
+          f"--{name}={given[name]} but --model_dir={model_dir} holds "
+          f"checkpoints of {name}={recorded} ({path(model_dir)}); they "
+          f"cannot be loaded into another. Drop --{name} to use the "
+          "recorded one, or choose another --model_dir.")
+
+
+def recorded_or_given(record: Optional[RunRecord], given: dict,
+                      defaults: dict) -> dict:
+  """For each name of `defaults`: the given flag, else the record's, else
+  the flag's default. Record values are looked up in the record, then in
+  its classifier config."""
+  values = {}
+  for name, default in defaults.items():
+    if name in given:
+      values[name] = given[name]
+    elif record is not None and _recorded(record, name) is not None:
+      values[name] = _recorded(record, name)
+    else:
+      values[name] = default
+  return values
+
+
+def _recorded(record: RunRecord, name: str):
+  if hasattr(record, name) and name != "classifier":
+    return getattr(record, name)
+  return getattr(record.classifier, name, None)
+
+
+def schedule_changes(recorded: classifier.ClassifierConfig,
+                     current: classifier.ClassifierConfig) -> list:
+  """[(field, recorded value, current value)] of the schedule's fields."""
+  return [(name, getattr(recorded, name), getattr(current, name))
+          for name in SCHEDULE_FIELDS
+          if getattr(recorded, name) != getattr(current, name)]
+
+
+def schedule_change_message(changes: list, step: int, model_dir: str,
+                            rates: Optional[tuple] = None) -> str:
+  """The WARNING a resume with a changed schedule logs: what and how to
+  keep the recorded one. `rates`: (recorded, current) rate at `step`."""
+  what = ", ".join(f"{name} {old} -> {new}" for name, old, new in changes)
+  moved = (f"; the learning rate at step {step} moves from {rates[0]:.4g} "
+           f"to {rates[1]:.4g}" if rates else "")
+  keep = " ".join(f"--{name}={old}" for name, old, _ in changes)
+  return (f"Resuming {model_dir} at step {step} with another learning-rate "
+          f"schedule than it recorded: {what}{moved}. To keep the recorded "
+          f"schedule, pass {keep}.")

@@ -1,0 +1,97 @@
+"""`--help` of each script: all of its flags, grouped, no TF/absl internals."""
+
+import os
+import re
+import subprocess
+import sys
+
+from absl import flags
+import pytest
+
+import common_flags
+import eval as eval_script
+import export
+import flag_groups
+import train
+
+FLAGS = flags.FLAGS
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+INTERNALS = ("--logtostderr", "--only_check_args", "--pdb_post_mortem",
+             "--run_with_profiling", "--log_dir", "--use_cprofile_for_profiling")
+
+
+def flag_names(help_text):
+  return set(re.findall(r"^  --(?:\[no\])?(\w+)", help_text, re.M))
+
+
+def groups(help_text):
+  return re.findall(r"^(\w[\w ]*):$", help_text, re.M)
+
+
+def module_flags(*modules):
+  by_module = FLAGS.flags_by_module_dict()
+  return {flag.name for module in modules for flag in by_module[module]}
+
+
+@pytest.mark.parametrize("script,module,expected_groups", [
+    (train, "train", ["Model", "Data", "Towers", "Optimization",
+                      "Checkpoints", "Cluster", "Logging"]),
+    (eval_script, "eval", ["Model", "Data", "Towers", "Optimization",
+                           "Checkpoints", "Evaluation", "Logging"]),
+    (export, "export", ["Model", "Data", "Towers", "Optimization",
+                        "Checkpoints", "Evaluation", "Export", "Logging"]),
+])
+def test_help_lists_every_flag_of_the_script_in_groups(script, module,
+                                                       expected_groups):
+  modules = [module, "common_flags"] + (
+      ["checkpoint_flags"] if module != "train" else [])
+  text = flag_groups.help_text(script.__doc__, modules=modules)
+  own = module_flags(*modules)
+  assert flag_names(text) == own | {"verbosity"}
+  assert groups(text) == expected_groups
+  assert "model_name" in own and "batch_size" in own and "virtual_cpus" in own
+  assert not any(internal in text for internal in INTERNALS)
+  assert text.startswith(script.__doc__.strip().splitlines()[0])
+  assert text.rstrip().endswith("--helpfull.")
+
+
+def test_model_group_comes_first_and_defaults_are_shown():
+  text = flag_groups.help_text(train.__doc__, modules=["train",
+                                                       "common_flags"])
+  model = text.index("Model:")
+  assert model < text.index("--model_name") < text.index("Data:")
+  assert text.index("Data:") < text.index("--dataset_dir") < text.index(
+      "Towers:") < text.index("--virtual_cpus") < text.index("Optimization:")
+  assert "--[no]sync_replicas" in text and "(default: 'lenet')" in text
+
+
+def test_a_flag_without_a_group_is_shown_under_other():
+  assert flag_groups.grouped(["model_name", "brand_new"]) == [
+      ("Model", ["model_name"]), ("Other", ["brand_new"])]
+
+
+@pytest.mark.parametrize("argv,wanted", [
+    (["train.py", "--help"], True), (["train.py", "-h"], True),
+    (["train.py", "--helpshort"], True), (["train.py", "--helpfull"], False),
+    (["train.py", "--max_steps=3"], False),
+    (["launch", "--", "--help"], False)])
+def test_wants_help(argv, wanted):
+  assert flag_groups.wants_help(argv) == wanted
+
+
+@pytest.mark.slow
+def test_help_of_each_script_in_a_subprocess():
+  for script, must_have in (("train.py", "--learning_rate"),
+                            ("eval.py", "--once"),
+                            ("export.py", "--export_dir")):
+    result = subprocess.run([sys.executable, script, "--help"],
+                            capture_output=True, text=True, timeout=120,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    names = flag_names(result.stdout)
+    assert {"model_name", "dataset_name", "dataset_dir", "batch_size",
+            "model_dir", "num_gpus", "virtual_cpus", "max_steps",
+            "image_size", "verbosity"} <= names, script
+    assert must_have in result.stdout
+    assert not any(internal in result.stdout for internal in INTERNALS)
+    assert result.stderr == ""
