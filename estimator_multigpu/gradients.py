@@ -17,6 +17,7 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu import mixed_precision
 from estimator_multigpu import towers as towers_lib
 
 tf1 = tf.compat.v1
@@ -75,6 +76,7 @@ class TowerOptimizer(tf1.train.Optimizer):
     tower = towers_lib.current_tower()
     if tower is None:
       return self._optimizer.compute_gradients(loss, var_list, **kwargs)
+    loss = mixed_precision.scale_loss(loss)  # float32 (× loss scale: float16)
     kwargs["colocate_gradients_with_ops"] = True
     weight = tower.loss_weight
     with tf.control_dependencies(None) if tower.index else (

@@ -12,7 +12,9 @@ from typing import Optional
 
 from absl import logging
 
+from estimator_multigpu import accumulation
 from estimator_multigpu import devices as devices_lib
+from estimator_multigpu import mixed_precision as mixed_precision_lib
 from estimator_multigpu import plan as plan_lib
 from estimator_multigpu import strategies
 
@@ -29,6 +31,14 @@ class Options:
   clip_gradients_by_norm: Optional[float]
   use_ema_weights: bool
   variable_update: str = "shared"
+  accumulate_steps: int = 1
+  mixed_precision: Optional[str] = None
+
+  @property
+  def needs_towers(self) -> bool:
+    """Whether one tower must still go through the tower pipeline."""
+    return (self.clip_gradients_by_norm is not None or
+            self.accumulate_steps > 1 or self.mixed_precision is not None)
 
 
 _WARNED: set = set()
@@ -57,7 +67,8 @@ def aggregation_device_option(aggregation_device: Optional[str],
 
 def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
                   clip_gradients_by_norm, use_ema_weights,
-                  variable_update) -> Options:
+                  variable_update, accumulate_steps=1,
+                  mixed_precision=None) -> Options:
   """Validates the decorator's options; messages say how to fix them.
 
   Raises:
@@ -81,7 +92,10 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
                           devices_lib.canonical_device(aggregation_device)),
       loss_reduction=loss_reduction, ema_decay=ema_decay,
       clip_gradients_by_norm=clip_gradients_by_norm,
-      use_ema_weights=bool(use_ema_weights), variable_update=variable_update)
+      use_ema_weights=bool(use_ema_weights), variable_update=variable_update,
+      accumulate_steps=accumulation.check_steps(accumulate_steps),
+      mixed_precision=mixed_precision_lib.check_mixed_precision(
+          mixed_precision))
 
 
 def _check_open_interval(name, value, low, high, example) -> None:

@@ -8,8 +8,10 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 from tensorflow.python.util import function_utils  # pylint: disable=g-direct-tensorflow-import
 
+from estimator_multigpu import accumulation
 from estimator_multigpu import ema as ema_lib
 from estimator_multigpu import gradients as gradients_lib
+from estimator_multigpu import mixed_precision as mixed_precision_lib
 from estimator_multigpu import options as options_lib
 from estimator_multigpu import plan as plan_lib
 from estimator_multigpu import slim_compat
@@ -17,6 +19,7 @@ from estimator_multigpu import specs as specs_lib
 from estimator_multigpu import splitting
 from estimator_multigpu import strategies
 from estimator_multigpu import towers as towers_lib
+from estimator_multigpu import updates
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
@@ -32,6 +35,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               clip_gradients_by_norm: Optional[float] = None,
               use_ema_weights: bool = True,
               variable_update: str = "shared",
+              accumulate_steps: int = 1,
+              mixed_precision: Optional[str] = None,
               ps_device: Optional[str] = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
@@ -128,6 +133,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       devices=devices, loss_reduction=loss_reduction, ema_decay=ema_decay,
       clip_gradients_by_norm=clip_gradients_by_norm,
       use_ema_weights=use_ema_weights, variable_update=variable_update,
+      accumulate_steps=accumulate_steps, mixed_precision=mixed_precision,
       aggregation_device=options_lib.aggregation_device_option(
           aggregation_device, ps_device))
   if model_fn is None:
@@ -190,7 +196,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   plan = plan_lib.make_plan(options.groups, options.aggregation_device,
                             getattr(config, "session_config", None),
                             options.variable_update)
-  if plan.num_towers == 1 and options.clip_gradients_by_norm is None:
+  if plan.num_towers == 1 and not options.needs_towers:
     with tf.device(plan.devices[0]):
       spec = call_model_fn(model_fn, features, labels, mode, params, config)
     specs_lib.publish_losses(spec.loss, [])
@@ -198,34 +204,77 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   split = splitting.split_batch(features, labels, plan.num_towers)
   plan_lib.log_plan(plan, split, mode)
   strategy = strategies.make_strategy(plan)
+  precision = mixed_precision_lib.Precision.create(
+      options.mixed_precision, mode, plan.aggregation_device)
   towers = towers_lib.build_towers(
-      lambda tower, shard: call_model_fn(model_fn, *shard, mode, params,
-                                         config),
+      lambda tower, shard: _call_tower(model_fn, precision, shard, mode,
+                                       params, config),
       plan, split.shards, strategy,
       loss_weights=[split.loss_weight(i, options.loss_reduction)
-                    for i in range(plan.num_towers)])
-  train_op = (_train_op(towers, strategy, options)
+                    for i in range(plan.num_towers)],
+      tower_scopes=[precision.tower_scope] if precision else [])
+  rule = (_update_rule(options, precision, split, plan.aggregation_device)
+          if mode == ModeKeys.TRAIN else None)
+  train_op = (_train_op(towers, strategy, options, rule)
               if mode == ModeKeys.TRAIN else None)
   spec = specs_lib.merge_specs(towers, mode, train_op)
+  if rule is not None and rule.active:
+    spec = rule.finish_spec(spec, towers, getattr(config, "model_dir", None))
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
-  return _with_ema(spec, mode, options, plan.aggregation_device, config)
+  scaling = precision.loss_scaling if precision else None
+  return _with_ema(spec, mode, options, plan.aggregation_device, config,
+                   applied=scaling.should_apply if scaling else None)
+
+
+def _call_tower(model_fn, precision, shard, mode, params, config):
+  """One tower's spec; with mixed precision, low-precision features in and
+  a float32 loss out."""
+  features, labels = shard
+  if precision is None:
+    return call_model_fn(model_fn, features, labels, mode, params, config)
+  spec = call_model_fn(model_fn, precision.cast_features(features), labels,
+                       mode, params, config)
+  return precision.finish(spec)
+
+
+def _update_rule(options: Options, precision, split,
+                 device: Optional[str]) -> updates.UpdateRule:
+  """Accumulation and loss scaling between the strategy and the optimizer."""
+  accumulator = None
+  if options.accumulate_steps > 1:
+    with tf.device(device):
+      accumulator = accumulation.Accumulator.create(
+          options.accumulate_steps, options.loss_reduction,
+          split.global_batch_size)
+  return updates.UpdateRule(
+      accumulator, precision.loss_scaling if precision else None,
+      options.clip_gradients_by_norm)
 
 
 def _train_op(towers: list, strategy: strategies.VariableStrategy,
-              options: Options) -> tf.Operation:
+              options: Options, rule: updates.UpdateRule) -> tf.Operation:
   if not towers[0].optimizer_calls:
     raise ValueError(
         "The model_fn's train_op does not come from a `TowerOptimizer`; "
         f"with {len(towers)} towers an unwrapped optimizer would apply "
         f"{len(towers)} separate updates per step (and clipping needs it). "
         "Wrap it: opt = estimator_multigpu.TowerOptimizer(opt).")
-  apply_ops = strategy.apply_gradients(towers, options.clip_gradients_by_norm)
+  if rule.active:  # accumulation / loss scaling wrap the apply (and clip).
+    with rule.intercepting(towers, options.variable_update):
+      apply_ops = strategy.apply_gradients(towers, None)
+  else:
+    apply_ops = strategy.apply_gradients(towers,
+                                         options.clip_gradients_by_norm)
   specs_lib.summarize_tower_losses(towers)
   return specs_lib.merged_train_op(towers, apply_ops)
 
 
-def _with_ema(spec, mode, options: Options, device: Optional[str], config):
+def _with_ema(spec, mode, options: Options, device: Optional[str], config,
+              applied=None):
   """Adds the EMA update (TRAIN) or the averaged-weight saver (others).
+
+  `applied` (float16 training): whether the step's update was applied; a
+  skipped update leaves the average unchanged too.
 
   With a SyncReplicasOptimizer only the chief updates the average, once per
   global step after the aggregated update; every worker updating it would
@@ -239,7 +288,7 @@ def _with_ema(spec, mode, options: Options, device: Optional[str], config):
     return spec
   if mode == ModeKeys.TRAIN:
     return spec._replace(train_op=ema_lib.apply_after(
-        spec.train_op, options.ema_decay, device))
+        spec.train_op, options.ema_decay, device, applied))
   if not options.use_ema_weights:
     return spec
   return spec._replace(scaffold=ema_lib.restoring_scaffold(
