@@ -115,6 +115,9 @@ def model_fn(features: tf.Tensor, labels: Optional[tf.Tensor], mode: str,
                                    config.weight_decay,
                                    is_training=mode == ModeKeys.TRAIN)
   logits, _ = network_fn(features)
+  # Softmax and loss in float32 even when the towers compute in bfloat16 or
+  # float16 (`multi_gpu(mixed_precision=...)`); a no-op in float32.
+  logits = tf.cast(logits, tf.float32)
   predictions = {"classes": tf.argmax(logits, axis=1, output_type=tf.int32),
                  "probabilities": tf.nn.softmax(logits)}
   if mode == ModeKeys.PREDICT:

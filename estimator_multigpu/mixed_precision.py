@@ -44,6 +44,7 @@ computes in float32 with the trained masters.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import Any, Optional
 
@@ -210,9 +211,10 @@ class Precision:
     scope = tf1.get_variable_scope()
     outer_getter = scope.custom_getter
     getter = _master_getter
-    if outer_getter is not None:
-      getter = lambda next_getter, *a, **k: _master_getter(  # pylint: disable=g-long-lambda
-          lambda *a2, **k2: outer_getter(next_getter, *a2, **k2), *a, **k)
+    if outer_getter is not None:  # composed as `tf.compat.v1.variable_scope`.
+      def getter(getter, *args, **kwargs):  # pylint: disable=function-redefined
+        return _master_getter(functools.partial(outer_getter, getter), *args,
+                              **kwargs)
     keras_policy = tf.keras.mixed_precision.global_policy()
     scope.set_custom_getter(getter)
     tf.keras.mixed_precision.set_global_policy(f"mixed_{self.name}")
