@@ -137,7 +137,13 @@ def _loss(config: ClassifierConfig, logits, labels) -> tf.Tensor:
   one_hot = tf.one_hot(labels, config.num_classes)
   tf1.losses.softmax_cross_entropy(one_hot, logits,
                                    label_smoothing=config.label_smoothing)
-  return tf1.losses.get_total_loss()  # cross-entropy + weight decay.
+  # Cross-entropy + weight decay, as `get_total_loss()`, summed in float32:
+  # with mixed precision, tf.layers-based nets regularize the low-precision
+  # casts of their weights.
+  return tf.math.add_n(
+      [tf.cast(loss, tf.float32) for loss in
+       tf1.losses.get_losses() + tf1.losses.get_regularization_losses()],
+      name="total_loss")
 
 
 def _train_op(config: ClassifierConfig, loss: tf.Tensor,

@@ -61,6 +61,12 @@ flags.DEFINE_integer("save_summary_steps", 100, "Summaries every N steps.")
 flags.DEFINE_integer("log_every_n_steps", 100, "Progress line every N steps.")
 flags.DEFINE_float("clip_gradients_by_norm", None, "Clip the combined "
                    "gradient to this global norm.")
+flags.DEFINE_integer("accumulate_steps", 1, "Apply one update per K input "
+                     "batches (gradient accumulation); the effective batch "
+                     "is K x --batch_size and global_step counts updates.")
+flags.DEFINE_enum("mixed_precision", None, ["bfloat16", "float16"],
+                  "Compute in the towers in this precision (float32 master "
+                  "weights; float16 with dynamic loss scaling).")
 flags.DEFINE_bool("scaling_report", True, "Log the scaling report (input "
                   "wait, per-tower throughput) and warn when input-bound.")
 flags.DEFINE_integer("min_free_disk_mb", 50, "Refuse to start when the model "
@@ -130,18 +136,22 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
                    global_batch_size: int, max_steps: int,
                    log_every_n_steps: int, model_dir: Optional[str],
                    trainers: int = 1, sync_replicas: bool = False,
-                   scaling_report: bool = True):
+                   scaling_report: bool = True, accumulate_steps: int = 1,
+                   mixed_precision: Optional[str] = None):
   """The classifier model_fn on the towers, with progress (and scaling) hooks.
 
   The hook writes throughput summaries to `model_dir` (None: only logs). On
   a cluster of `trainers` workers it reports the whole cluster's examples
   per second: a global step is one worker's batch, or with `sync_replicas`
-  one batch from each worker.
+  one batch from each worker (times `accumulate_steps` batches per update).
   """
   wrapped = emg.multi_gpu(classifier.model_fn, devices=towers.devices,
                           ema_decay=ema_decay,
-                          clip_gradients_by_norm=clip_norm)
-  examples_per_step = global_batch_size * (trainers if sync_replicas else 1)
+                          clip_gradients_by_norm=clip_norm,
+                          accumulate_steps=accumulate_steps,
+                          mixed_precision=mixed_precision)
+  examples_per_step = global_batch_size * accumulate_steps * (
+      trainers if sync_replicas else 1)
 
   num_towers = len(towers.devices) * trainers
 
@@ -227,7 +237,8 @@ def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
                             FLAGS.clip_gradients_by_norm, FLAGS.batch_size,
                             FLAGS.max_steps, FLAGS.log_every_n_steps,
                             summary_dir, len(task.trainers) if task else 1,
-                            FLAGS.sync_replicas, FLAGS.scaling_report)
+                            FLAGS.sync_replicas, FLAGS.scaling_report,
+                            FLAGS.accumulate_steps, FLAGS.mixed_precision)
   return build_estimator(model_fn, config, towers, FLAGS.model_dir,
                          FLAGS.save_checkpoints_steps,
                          FLAGS.save_summary_steps, FLAGS.random_seed)

@@ -87,6 +87,29 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   the trainable variables and batch-norm moving statistics after every step
   (see `estimator_multigpu.ema`), and EVAL, PREDICT and export use them.
 
+  Gradient accumulation (`accumulate_steps=k`, `estimator_multigpu.
+  accumulation`): each training step reads k consecutive batches from
+  `input_fn`, runs each through the towers, sums their weighted gradients on
+  the aggregation device (sparse stays sparse) and applies one update, equal
+  to one step on the k batches' concatenation (weighted by examples, so a
+  short last batch counts exactly). `global_step` counts updates:
+  `Estimator.train(steps=1)` reads k batches, and learning-rate schedules,
+  checkpoints, summaries and the EMA move once per update. Batch-norm
+  UPDATE_OPS run with every micro-batch. Effective batch = k × global batch.
+
+  Mixed precision (`mixed_precision="bfloat16"` or `"float16"`,
+  `estimator_multigpu.mixed_precision`): inside the towers the floating
+  features are cast to the low precision and variables requested in it by
+  `get_variable`, tf-slim, `tf.compat.v1.layers` or Keras layers are float32
+  masters read through casts; the loss is differentiated in float32 and the
+  gradients are combined in float32. Compute the loss in float32: cast the
+  logits, and regularization terms of `tf.compat.v1.layers`-based layers
+  (they regularize the low-precision casts), with `tf.cast`. float16 adds TensorFlow's
+  `DynamicLossScale` (start 2¹⁵, doubles after 2000 finite steps, halves on
+  Inf/NaN): an update with a non-finite gradient is skipped whole
+  (`global_step` and the EMA do not move), logged as a WARNING and counted in
+  the `skipped_updates` summary. Export stays float32.
+
   Example:
     >>> @multi_gpu(devices=2)
     ... def model_fn(features, labels, mode, params):
@@ -118,6 +141,10 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     variable_update: how towers share variables and combine gradients
       (`strategies`): "shared" (one copy on the aggregation device, like
       tf_cnn_benchmarks' `parameter_server`).
+    accumulate_steps: k >= 1 input batches per update (1: none).
+    mixed_precision: None (float32), "bfloat16" or "float16" (with dynamic
+      loss scaling): the precision the towers compute in; variables,
+      gradient combination and the update stay float32.
     ps_device: the old name of `aggregation_device` (warns once).
 
   Returns:

@@ -36,11 +36,63 @@ class _InterceptedOptimizer:
     self._rule = rule
 
   def __getattr__(self, name):
-    return getattr(self._optimizer, name)
+    inner = self.__dict__.get("_optimizer")
+    if inner is None:
+      raise AttributeError(name)
+    return getattr(inner, name)
 
   def apply_combined(self, grads_and_vars, global_step=None, name=None):
     return self._rule.apply(self._optimizer, list(grads_and_vars),
                             global_step, name)
+
+
+class _ConditionalOptimizer(tf1.train.Optimizer):
+  """Applies with the wrapped optimizer only when `condition` holds.
+
+  `MixedPrecisionLossScaleOptimizer`'s pattern: the apply (and the
+  `global_step` increment) inside a `tf.cond`; slots are created outside it
+  by the v1 Optimizer's `init_scope`.
+  """
+
+  def __init__(self, optimizer: tf1.train.Optimizer, condition: tf.Tensor):
+    super().__init__(use_locking=False, name=optimizer.get_name())
+    self._optimizer = optimizer
+    self._condition = condition
+
+  def __getattr__(self, name):
+    inner = self.__dict__.get("_optimizer")
+    if inner is None:
+      raise AttributeError(name)
+    return getattr(inner, name)
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    grads_and_vars = list(grads_and_vars)
+    return tf.cond(
+        self._condition,
+        lambda: tf.group(self._optimizer.apply_gradients(
+            grads_and_vars, global_step, name)),
+        tf.no_op, name="apply_if_finite")
+
+
+@contextlib.contextmanager
+def _applied_if(tower_optimizer: Any, condition: tf.Tensor):
+  """Makes `tower_optimizer.apply_combined` apply only if `condition`.
+
+  Only the wrapped optimizer's apply goes inside the `tf.cond`, so what
+  `TowerOptimizer.apply_combined` adds around it (the gradient-norm summary)
+  stays in the outer graph.
+  """
+  inner = tower_optimizer.__dict__.get("_optimizer")
+  if not isinstance(inner, tf1.train.Optimizer):
+    raise TypeError(
+        f"float16 loss scaling needs a `TowerOptimizer`; got "
+        f"{type(tower_optimizer).__name__}. Wrap the optimizer: "
+        "estimator_multigpu.TowerOptimizer(opt).")
+  tower_optimizer._optimizer = _ConditionalOptimizer(inner, condition)  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    tower_optimizer._optimizer = inner  # pylint: disable=protected-access
 
 
 @dataclasses.dataclass
@@ -114,11 +166,8 @@ class UpdateRule:
                                                          self.clip_norm)
     if self.loss_scaling is None:
       return optimizer.apply_combined(grads_and_vars, global_step, name)
-    return tf.cond(
-        self.loss_scaling.should_apply,
-        lambda: tf.group(optimizer.apply_combined(grads_and_vars, global_step,
-                                                  name)),
-        tf.no_op, name="apply_if_finite")
+    with _applied_if(optimizer, self.loss_scaling.should_apply):
+      return optimizer.apply_combined(grads_and_vars, global_step, name)
 
   def finish_spec(self, spec: tf.estimator.EstimatorSpec, towers: list,
                   output_dir: Optional[str]) -> tf.estimator.EstimatorSpec:
