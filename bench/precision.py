@@ -94,6 +94,7 @@ def configurations() -> list:
 
 def table(results: list) -> str:
   big, accumulated, float32, bfloat16 = results
+  ratio = lambda a, b, key: a[key] / b[key]
   lines = ["| run | batch x k | examples/sec | peak RSS MB | step memory MB |",
            "|---|---|---|---|---|"]
   for r in results:
@@ -102,12 +103,12 @@ def table(results: list) -> str:
                  f"| {r['peak_rss_mb']:.0f} | {r['step_memory_mb']:.0f} |")
   lines += [
       "",
-      f"Step memory, {accumulated['name']} / one batch of "
-      f"{big['batch']}: {accumulated['step_memory_mb'] / big['step_memory_mb']:.2f}x "
-      f"(peak RSS {accumulated['peak_rss_mb'] / big['peak_rss_mb']:.2f}x); "
-      f"speed {accumulated['examples_per_sec'] / big['examples_per_sec']:.2f}x.",
+      f"Step memory, {accumulated['name']} / one batch of {big['batch']}: "
+      f"{ratio(accumulated, big, 'step_memory_mb'):.2f}x (peak RSS "
+      f"{ratio(accumulated, big, 'peak_rss_mb'):.2f}x); speed "
+      f"{ratio(accumulated, big, 'examples_per_sec'):.2f}x.",
       f"bfloat16 / float32 examples/sec at batch {float32['batch']}: "
-      f"{bfloat16['examples_per_sec'] / float32['examples_per_sec']:.3f}x."]
+      f"{ratio(bfloat16, float32, 'examples_per_sec'):.3f}x."]
   return "\n".join(lines)
 
 

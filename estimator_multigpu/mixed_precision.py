@@ -154,14 +154,16 @@ def _times(grad, factor):
 
 
 def all_finite(towers: list) -> tf.Tensor:
-  """Whether every gradient every tower recorded is finite."""
+  """Whether every gradient every tower recorded is finite (each checked on
+  its tower's device)."""
   checks = []
   for tower in towers:
     for call in tower.optimizer_calls:
       for grad, _ in call.grads_and_vars:
         if grad is not None:
           values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-          checks.append(tf.reduce_all(tf.math.is_finite(values)))
+          with tf.device(values.device):  # only a bool leaves the tower.
+            checks.append(tf.reduce_all(tf.math.is_finite(values)))
   return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
 

@@ -103,12 +103,12 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   `get_variable`, tf-slim, `tf.compat.v1.layers` or Keras layers are float32
   masters read through casts; the loss is differentiated in float32 and the
   gradients are combined in float32. Compute the loss in float32: cast the
-  logits, and regularization terms of `tf.compat.v1.layers`-based layers
-  (they regularize the low-precision casts), with `tf.cast`. float16 adds TensorFlow's
-  `DynamicLossScale` (start 2¹⁵, doubles after 2000 finite steps, halves on
-  Inf/NaN): an update with a non-finite gradient is skipped whole
-  (`global_step` and the EMA do not move), logged as a WARNING and counted in
-  the `skipped_updates` summary. Export stays float32.
+  logits, and the regularization terms of `tf.compat.v1.layers`-based layers
+  (they regularize the low-precision casts), with `tf.cast`. float16 adds
+  TensorFlow's `DynamicLossScale` (start 2¹⁵, doubles after 2000 finite
+  steps, halves on Inf/NaN): an update with a non-finite gradient is skipped
+  whole (`global_step` and the EMA do not move), logged as a WARNING and
+  counted in the `skipped_updates` summary. Export stays float32.
 
   Example:
     >>> @multi_gpu(devices=2)
@@ -275,7 +275,7 @@ def _update_rule(options: Options, precision, split,
           split.global_batch_size)
   return updates.UpdateRule(
       accumulator, precision.loss_scaling if precision else None,
-      options.clip_gradients_by_norm)
+      options.clip_gradients_by_norm, device)
 
 
 def _train_op(towers: list, strategy: strategies.VariableStrategy,

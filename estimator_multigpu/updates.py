@@ -103,10 +103,12 @@ class UpdateRule:
     accumulator: with `accumulate_steps` > 1, the running sums; else None.
     loss_scaling: with float16 training, the loss scale; else None.
     clip_norm: clip the update's gradients to this global norm, or None.
+    device: where the rule's state and decisions live (aggregation device).
   """
   accumulator: Optional[accumulation.Accumulator]
   loss_scaling: Optional[mixed_precision.LossScaling]
   clip_norm: Optional[float]
+  device: Optional[str] = None  # the aggregation device.
   _applied: int = 0
   _loss_scale_update: Optional[tf.Operation] = None
 
@@ -123,7 +125,8 @@ class UpdateRule:
         `apply_combined`, so the rule could not act.
     """
     if self.loss_scaling is not None:
-      self._decide(towers)
+      with tf.device(self.device):
+        self._decide(towers)
     originals = [list(tower.optimizer_calls) for tower in towers]
     for tower in towers:
       tower.optimizer_calls[:] = [
@@ -173,6 +176,10 @@ class UpdateRule:
                   output_dir: Optional[str]) -> tf.estimator.EstimatorSpec:
     """The spec with the update's loss and train_op, and the accumulate and
     loss-scale hooks (the train_op resets the accumulators last)."""
+    with tf.device(self.device):
+      return self._finish_spec(spec, towers, output_dir)
+
+  def _finish_spec(self, spec, towers, output_dir):
     hooks = list(spec.training_hooks)
     loss, train_op = spec.loss, spec.train_op
     if self._loss_scale_update is not None:

@@ -120,8 +120,8 @@ def test_sum_reduction_and_clipping(session_config):
   x, y = harness.linear_data(EXAMPLES)
 
   values, losses, _ = train_accumulated(
-      linear_model_fn("momentum", "sum"), x, y, 3, 1, session_config, 2, accumulate_steps=4,
-      loss_reduction="sum", clip_gradients_by_norm=1e6)
+      linear_model_fn("momentum", "sum"), x, y, 3, 1, session_config, 2,
+      accumulate_steps=4, loss_reduction="sum", clip_gradients_by_norm=1e6)
   (want_w, want_b), want_losses = numpy_train("momentum", x, y, 1,
                                               lr=LR * EXAMPLES)
   np.testing.assert_allclose(values["w"], want_w, atol=1e-5)
