@@ -116,6 +116,9 @@ def model_fn(features: tf.Tensor, labels: Optional[tf.Tensor], mode: str,
                                    config.weight_decay,
                                    is_training=mode == ModeKeys.TRAIN)
   logits, _ = network_fn(features)
+  # Softmax and loss in float32 even when the towers compute in bfloat16 or
+  # float16 (`multi_gpu(mixed_precision=...)`); a no-op in float32.
+  logits = tf.cast(logits, tf.float32)
   predictions = {"classes": tf.argmax(logits, axis=1, output_type=tf.int32),
                  "probabilities": tf.nn.softmax(logits)}
   if mode == ModeKeys.PREDICT:
@@ -135,7 +138,13 @@ def _loss(config: ClassifierConfig, logits, labels) -> tf.Tensor:
   one_hot = tf.one_hot(labels, config.num_classes)
   tf1.losses.softmax_cross_entropy(one_hot, logits,
                                    label_smoothing=config.label_smoothing)
-  return tf1.losses.get_total_loss()  # cross-entropy + weight decay.
+  # Cross-entropy + weight decay, as `get_total_loss()`, summed in float32:
+  # with mixed precision, tf.layers-based nets regularize the low-precision
+  # casts of their weights.
+  return tf.math.add_n(
+      [tf.cast(loss, tf.float32) for loss in
+       tf1.losses.get_losses() + tf1.losses.get_regularization_losses()],
+      name="total_loss")
 
 
 def _train_op(config: ClassifierConfig, loss: tf.Tensor,

@@ -88,6 +88,12 @@ flags.DEFINE_enum("variable_update", "shared", ["shared", "replicated"],
                   "device (tf_cnn_benchmarks parameter_server); replicated: "
                   "a copy per tower and all-reduced gradients "
                   "(tf_cnn_benchmarks replicated).")
+flags.DEFINE_integer("accumulate_steps", 1, "Apply one update per K input "
+                     "batches (gradient accumulation); the effective batch "
+                     "is K x --batch_size and global_step counts updates.")
+flags.DEFINE_enum("mixed_precision", None, ["bfloat16", "float16"],
+                  "Compute in the towers in this precision (float32 master "
+                  "weights; float16 with dynamic loss scaling).")
 flags.DEFINE_bool("scaling_report", True, "Warn when the run is "
                   "input-bound; its per-window report (input wait) shows "
                   "with --verbosity=1.")
@@ -193,20 +199,25 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
                    trainers: int = 1, sync_replicas: bool = False,
                    scaling_report: bool = True,
                    variable_update: str = "shared",
-                   sync_batch_norm: bool = False):
+                   sync_batch_norm: bool = False, accumulate_steps: int = 1,
+                   mixed_precision: Optional[str] = None):
   """The classifier model_fn on the towers, with progress (and scaling) hooks.
 
   The hook writes throughput summaries to `model_dir` (None: only logs). On
   a cluster of `trainers` workers it reports the whole cluster's examples
   per second: a global step is one worker's batch, or with `sync_replicas`
-  one batch from each worker. When the training graph has batch norm and
-  the per-tower batch is small (without `sync_batch_norm`), it warns.
+  one batch from each worker (times `accumulate_steps` batches per update).
+  When the training graph has batch norm and the per-tower batch is small
+  (without `sync_batch_norm`), it warns.
   """
   wrapped = emg.multi_gpu(classifier.model_fn, devices=towers.devices,
                           ema_decay=ema_decay,
                           clip_gradients_by_norm=clip_norm,
-                          variable_update=variable_update)
-  examples_per_step = global_batch_size * (trainers if sync_replicas else 1)
+                          variable_update=variable_update,
+                          accumulate_steps=accumulate_steps,
+                          mixed_precision=mixed_precision)
+  examples_per_step = global_batch_size * accumulate_steps * (
+      trainers if sync_replicas else 1)
 
   num_towers = len(towers.devices) * trainers
 
@@ -371,8 +382,11 @@ def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
                                               FLAGS.max_steps),
                             summary_dir, len(task.trainers) if task else 1,
                             FLAGS.sync_replicas, FLAGS.scaling_report,
-                            FLAGS.variable_update,
-                            bool(flag_value("sync_batch_norm", False)))
+                            variable_update=FLAGS.variable_update,
+                            sync_batch_norm=bool(flag_value("sync_batch_norm",
+                                                            False)),
+                            accumulate_steps=FLAGS.accumulate_steps,
+                            mixed_precision=FLAGS.mixed_precision)
   steps, secs = schedule
   return build_estimator(model_fn, config, towers, FLAGS.model_dir, steps,
                          FLAGS.save_summary_steps, FLAGS.random_seed, secs)

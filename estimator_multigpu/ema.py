@@ -43,10 +43,22 @@ def _moving_average(decay: float) -> tf1.train.ExponentialMovingAverage:
 
 
 def apply_after(train_op: tf.Operation, decay: float,
-                device: Optional[str]) -> tf.Operation:
-  """Returns an op that runs `train_op`, then updates the shadow variables."""
+                device: Optional[str],
+                applied: Optional[tf.Tensor] = None) -> tf.Operation:
+  """Returns an op that runs `train_op`, then updates the shadow variables.
+
+  With `applied` (a boolean tensor: float16 loss scaling), a step whose
+  update was skipped leaves the shadows unchanged (decay_t = 1).
+  """
   with tf.device(device), tf.control_dependencies([train_op]):
-    return tf.group(_moving_average(decay).apply(averaged_variables()),
+    if applied is None:
+      average = _moving_average(decay)
+    else:
+      step = tf.cast(tf1.train.get_or_create_global_step(), tf.float32)
+      decay_t = tf.minimum(decay, (1.0 + step) / (10.0 + step))
+      average = tf1.train.ExponentialMovingAverage(
+          tf.where(applied, decay_t, 1.0))
+    return tf.group(average.apply(averaged_variables()),
                     name="train_op_with_ema")
 
 

@@ -21,6 +21,7 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu import mixed_precision
 from estimator_multigpu import towers as towers_lib
 
 tf1 = tf.compat.v1
@@ -87,9 +88,13 @@ class TowerOptimizer(tf1.train.Optimizer):
     if var_list is not None and tower.local_variables:
       var_list = [tower.local_variables.get(getattr(v, "op", v).name, v)
                   for v in tf.nest.flatten(var_list)]
+    loss = mixed_precision.scale_loss(loss)  # float32 (× loss scale: float16)
     kwargs["colocate_gradients_with_ops"] = True
     with _outside_control_dependencies(tower):
-      return self._optimizer.compute_gradients(loss, var_list, **kwargs)
+      grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
+                                                         **kwargs)
+    tower.loss_scaled_gradients.update(id(g) for g, _ in grads_and_vars)
+    return grads_and_vars
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Records the tower's gradients, weighted; outside a tower, applies them.
@@ -101,6 +106,8 @@ class TowerOptimizer(tf1.train.Optimizer):
     if tower is None:
       return self.apply_combined(grads_and_vars, global_step, name)
     grads_and_vars = list(grads_and_vars)
+    if mixed_precision.loss_scaling_active():
+      _check_loss_scaled(tower, grads_and_vars)
     if tower.num_towers > 1:
       warn_if_clipped_by_global_norm([g for g, _ in grads_and_vars])
     with _outside_control_dependencies(tower), tf.name_scope("tower_weight"):
@@ -129,6 +136,28 @@ class TowerOptimizer(tf1.train.Optimizer):
 
   def variables(self):
     return self._optimizer.variables()
+
+
+def _check_loss_scaled(tower, grads_and_vars: list) -> None:
+  """With float16 loss scaling, the gradients must be of the scaled loss.
+
+  The update divides them by the loss scale, so gradients computed another
+  way (`tf.gradients`, the inner optimizer, or transformed after
+  `compute_gradients`, e.g. clipped) would be silently too small.
+  """
+  foreign = [v.op.name for g, v in grads_and_vars
+             if g is not None and id(g) not in tower.loss_scaled_gradients]
+  if foreign:
+    raise ValueError(
+        "mixed_precision='float16' scales the loss before differentiating "
+        "and unscales the combined gradients, but the gradients passed to "
+        f"`apply_gradients` for {', '.join(foreign[:3])}"
+        f"{' ...' if len(foreign) > 3 else ''} did not come straight from "
+        "`TowerOptimizer.compute_gradients` (tf.gradients, the inner "
+        "optimizer, or clipped afterwards). Use opt.minimize(loss) or pass "
+        "compute_gradients' output unchanged (clip with "
+        "multi_gpu(clip_gradients_by_norm=...)), or use "
+        "mixed_precision='bfloat16', which needs no loss scaling.")
 
 
 def _outside_control_dependencies(tower):

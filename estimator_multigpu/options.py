@@ -12,8 +12,10 @@ from typing import Optional
 
 from absl import logging
 
+from estimator_multigpu import accumulation
 from estimator_multigpu import allreduce
 from estimator_multigpu import devices as devices_lib
+from estimator_multigpu import mixed_precision as mixed_precision_lib
 from estimator_multigpu import plan as plan_lib
 from estimator_multigpu import strategies
 
@@ -33,6 +35,14 @@ class Options:
   unsplit_features: tuple = ()
   all_reduce: str = "collective"
   gradient_packing_bytes: int = 0
+  accumulate_steps: int = 1
+  mixed_precision: Optional[str] = None
+
+  @property
+  def needs_towers(self) -> bool:
+    """Whether one tower must still go through the tower pipeline."""
+    return (self.clip_gradients_by_norm is not None or
+            self.accumulate_steps > 1 or self.mixed_precision is not None)
 
 
 _WARNED: set = set()
@@ -62,7 +72,8 @@ def aggregation_device_option(aggregation_device: Optional[str],
 def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
                   clip_gradients_by_norm, use_ema_weights,
                   variable_update, unsplit_features=(), all_reduce=None,
-                  gradient_packing_bytes=None) -> Options:
+                  gradient_packing_bytes=None, accumulate_steps=1,
+                  mixed_precision=None) -> Options:
   """Validates the decorator's options; messages say how to fix them.
 
   Raises:
@@ -90,7 +101,10 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
       use_ema_weights=bool(use_ema_weights), variable_update=variable_update,
       unsplit_features=_feature_keys(unsplit_features),
       all_reduce=all_reduce or "collective",
-      gradient_packing_bytes=int(gradient_packing_bytes or 0))
+      gradient_packing_bytes=int(gradient_packing_bytes or 0),
+      accumulate_steps=accumulation.check_steps(accumulate_steps),
+      mixed_precision=mixed_precision_lib.check_mixed_precision(
+          mixed_precision))
 
 
 def _feature_keys(keys) -> tuple:

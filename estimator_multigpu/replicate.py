@@ -8,8 +8,10 @@ from typing import Any, Callable, Optional, Sequence
 import tensorflow as tf
 from tensorflow.python.util import function_utils  # pylint: disable=g-direct-tensorflow-import
 
+from estimator_multigpu import accumulation
 from estimator_multigpu import ema as ema_lib
 from estimator_multigpu import gradients as gradients_lib
+from estimator_multigpu import mixed_precision as mixed_precision_lib
 from estimator_multigpu import options as options_lib
 from estimator_multigpu import plan as plan_lib
 from estimator_multigpu import slim_compat
@@ -17,6 +19,7 @@ from estimator_multigpu import specs as specs_lib
 from estimator_multigpu import splitting
 from estimator_multigpu import strategies
 from estimator_multigpu import towers as towers_lib
+from estimator_multigpu import updates
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
@@ -35,6 +38,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               unsplit_features: Sequence[str] = (),
               all_reduce: Optional[str] = None,
               gradient_packing_bytes: Optional[int] = None,
+              accumulate_steps: int = 1,
+              mixed_precision: Optional[str] = None,
               ps_device: Optional[str] = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
@@ -108,6 +113,29 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   the trainable variables and batch-norm moving statistics after every step
   (see `estimator_multigpu.ema`), and EVAL, PREDICT and export use them.
 
+  Gradient accumulation (`accumulate_steps=k`, `estimator_multigpu.
+  accumulation`): each training step reads k consecutive batches from
+  `input_fn`, runs each through the towers, sums their weighted gradients on
+  the aggregation device (sparse stays sparse) and applies one update, equal
+  to one step on the k batches' concatenation (weighted by examples, so a
+  short last batch counts exactly). `global_step` counts updates:
+  `Estimator.train(steps=1)` reads k batches, and learning-rate schedules,
+  checkpoints, summaries and the EMA move once per update. Batch-norm
+  UPDATE_OPS run with every micro-batch. Effective batch = k × global batch.
+
+  Mixed precision (`mixed_precision="bfloat16"` or `"float16"`,
+  `estimator_multigpu.mixed_precision`): inside the towers the floating
+  features are cast to the low precision and variables requested in it by
+  `get_variable`, tf-slim, `tf.compat.v1.layers` or Keras layers are float32
+  masters read through casts; the loss is differentiated in float32 and the
+  gradients are combined in float32. Compute the loss in float32: cast the
+  logits, and the regularization terms of `tf.compat.v1.layers`-based layers
+  (they regularize the low-precision casts), with `tf.cast`. float16 adds
+  TensorFlow's `DynamicLossScale` (start 2¹⁵, doubles after 2000 finite
+  steps, halves on Inf/NaN): an update with a non-finite gradient is skipped
+  whole (`global_step` and the EMA do not move), logged as a WARNING and
+  counted in the `skipped_updates` summary. Export stays float32.
+
   Example:
     >>> @multi_gpu(devices=2)
     ... def model_fn(features, labels, mode, params):
@@ -153,6 +181,10 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       into buffers of at most this many bytes before the all-reduce (fewer,
       larger reductions, like tf_cnn_benchmarks' `--gradient_repacking`);
       None or 0: reduce each gradient on its own.
+    accumulate_steps: k >= 1 input batches per update (1: none).
+    mixed_precision: None (float32), "bfloat16" or "float16" (with dynamic
+      loss scaling): the precision the towers compute in; variables,
+      gradient combination and the update stay float32.
     unsplit_features: keys of the features dict that are not batch-major
       (a vocabulary, a lookup table): every tower gets them whole.
     ps_device: the old name of `aggregation_device` (warns once).
@@ -172,6 +204,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       use_ema_weights=use_ema_weights, variable_update=variable_update,
       unsplit_features=unsplit_features,
       all_reduce=all_reduce, gradient_packing_bytes=gradient_packing_bytes,
+      accumulate_steps=accumulate_steps, mixed_precision=mixed_precision,
       aggregation_device=options_lib.aggregation_device_option(
           aggregation_device, ps_device))
   if model_fn is None:
@@ -238,7 +271,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
                             options.variable_update,
                             all_reduce=options.all_reduce,
                             gradient_packing_bytes=options.gradient_packing_bytes)
-  if plan.num_towers == 1 and options.clip_gradients_by_norm is None:
+  if plan.num_towers == 1 and not options.needs_towers:
     with tf.device(plan.devices[0]):
       spec = call_model_fn(model_fn, features, labels, mode, params, config)
     specs_lib.publish_losses(spec.loss, [])
@@ -250,17 +283,51 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   if mode == ModeKeys.TRAIN and options.variable_update == "replicated":
     _check_no_parameter_servers(config)
   strategy = strategies.make_strategy(plan, mode)
+  precision = mixed_precision_lib.Precision.create(
+      options.mixed_precision, mode, plan.aggregation_device)
   towers = towers_lib.build_towers(
-      lambda tower, shard: call_model_fn(model_fn, *shard, mode, params,
-                                         config),
+      lambda tower, shard: _call_tower(model_fn, precision, shard, mode,
+                                       params, config),
       plan, split.shards, strategy,
       loss_weights=[split.loss_weight(i, options.loss_reduction)
-                    for i in range(plan.num_towers)])
-  train_op = (_train_op(towers, strategy, options)
+                    for i in range(plan.num_towers)],
+      tower_scopes=[precision.tower_scope] if precision else [])
+  rule = (_update_rule(options, precision, split, plan.aggregation_device)
+          if mode == ModeKeys.TRAIN else None)
+  train_op = (_train_op(towers, strategy, options, rule)
               if mode == ModeKeys.TRAIN else None)
   spec = specs_lib.merge_specs(towers, mode, train_op)
+  if rule is not None and rule.active:
+    spec = rule.finish_spec(spec, towers, getattr(config, "model_dir", None))
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
-  return _with_ema(spec, mode, options, plan.aggregation_device, config)
+  scaling = precision.loss_scaling if precision else None
+  return _with_ema(spec, mode, options, plan.aggregation_device, config,
+                   applied=scaling.should_apply if scaling else None)
+
+
+def _call_tower(model_fn, precision, shard, mode, params, config):
+  """One tower's spec; with mixed precision, low-precision features in and
+  a float32 loss out."""
+  features, labels = shard
+  if precision is None:
+    return call_model_fn(model_fn, features, labels, mode, params, config)
+  spec = call_model_fn(model_fn, precision.cast_features(features), labels,
+                       mode, params, config)
+  return precision.finish(spec)
+
+
+def _update_rule(options: Options, precision, split,
+                 device: Optional[str]) -> updates.UpdateRule:
+  """Accumulation and loss scaling between the strategy and the optimizer."""
+  accumulator = None
+  if options.accumulate_steps > 1:
+    with tf.device(device):
+      accumulator = accumulation.Accumulator.create(
+          options.accumulate_steps, options.loss_reduction,
+          split.global_batch_size)
+  return updates.UpdateRule(
+      accumulator, precision.loss_scaling if precision else None,
+      options.clip_gradients_by_norm, device)
 
 
 def _check_no_parameter_servers(config) -> None:
@@ -274,7 +341,7 @@ def _check_no_parameter_servers(config) -> None:
 
 
 def _train_op(towers: list, strategy: strategies.VariableStrategy,
-              options: Options) -> tf.Operation:
+              options: Options, rule: updates.UpdateRule) -> tf.Operation:
   if not towers[0].optimizer_calls:
     raise ValueError(
         "The model_fn's train_op does not come from a `TowerOptimizer`; "
@@ -284,13 +351,22 @@ def _train_op(towers: list, strategy: strategies.VariableStrategy,
         "tf_slim.optimize_loss, pass optimizer=lambda lr: "
         "TowerOptimizer(tf.compat.v1.train.GradientDescentOptimizer(lr)) "
         "(or another optimizer) instead of a name such as 'SGD'.")
-  apply_ops = strategy.apply_gradients(towers, options.clip_gradients_by_norm)
+  if rule.active:  # accumulation / loss scaling wrap the apply (and clip).
+    with rule.intercepting(towers, options.variable_update):
+      apply_ops = strategy.apply_gradients(towers, None)
+  else:
+    apply_ops = strategy.apply_gradients(towers,
+                                         options.clip_gradients_by_norm)
   specs_lib.summarize_tower_losses(towers)
   return specs_lib.merged_train_op(towers, apply_ops)
 
 
-def _with_ema(spec, mode, options: Options, device: Optional[str], config):
+def _with_ema(spec, mode, options: Options, device: Optional[str], config,
+              applied=None):
   """Adds the EMA update (TRAIN) or the averaged-weight saver (others).
+
+  `applied` (float16 training): whether the step's update was applied; a
+  skipped update leaves the average unchanged too.
 
   With a SyncReplicasOptimizer only the chief updates the average, once per
   global step after the aggregated update; every worker updating it would
@@ -304,7 +380,7 @@ def _with_ema(spec, mode, options: Options, device: Optional[str], config):
     return spec
   if mode == ModeKeys.TRAIN:
     return spec._replace(train_op=ema_lib.apply_after(
-        spec.train_op, options.ema_decay, device))
+        spec.train_op, options.ema_decay, device, applied))
   if not options.use_ema_weights:
     return spec
   return spec._replace(scaffold=ema_lib.restoring_scaffold(

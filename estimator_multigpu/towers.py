@@ -73,6 +73,8 @@ class Tower:
     output: what the tower's function returned (the model_fn's spec).
     local_variables: tower 0's variable name -> this tower's own copy
       (variable_update="replicated"; empty when variables are shared).
+    loss_scaled_gradients: ids of the gradients `TowerOptimizer` computed
+      from the loss-scaled loss (float16 mixed precision).
   """
   index: int
   device: Optional[str]
@@ -83,6 +85,7 @@ class Tower:
   collections: dict = dataclasses.field(default_factory=dict)
   output: Any = None
   local_variables: dict = dataclasses.field(default_factory=dict)
+  loss_scaled_gradients: set = dataclasses.field(default_factory=set)
 
   @property
   def name(self) -> str:

@@ -1,0 +1,54 @@
+"""train.py's --accumulate_steps and --mixed_precision, in process."""
+
+import glob
+import os
+
+from absl import flags
+from absl.testing import flagsaver
+import pytest
+import tensorflow as tf
+
+import common_flags
+import train
+
+tf1 = tf.compat.v1
+FLAGS = flags.FLAGS
+
+
+@pytest.fixture(autouse=True)
+def parsed_flags():
+  if not FLAGS.is_parsed():
+    FLAGS(["test"])
+  with flagsaver.flagsaver():
+    yield
+
+
+def scalar_tags(directory):
+  tags = set()
+  for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
+    for event in tf1.train.summary_iterator(path):
+      tags |= {value.tag for value in event.summary.value}
+  return tags
+
+
+def test_flags_reach_the_wrapper(tmp_path):
+  # 4 steps of 2 micro-batches of 8 digits each: global_step counts the 4
+  # updates; float16 adds the loss-scale summaries.
+  FLAGS(["test", "--accumulate_steps=2", "--mixed_precision=float16",
+         "--model_name=mlp", "--max_steps=4", "--batch_size=8"])
+  towers = common_flags.resolve_towers(None, None, 2)
+  model_fn = train.build_model_fn(
+      towers, None, None, 8, 4, 2, str(tmp_path),
+      accumulate_steps=FLAGS.accumulate_steps,
+      mixed_precision=FLAGS.mixed_precision)
+  estimator = train.build_estimator(model_fn, train.classifier_config(10),
+                                    towers, str(tmp_path), 100, 1, 1)
+  estimator.train(train.train_input_fn(8, 10), max_steps=4)
+  assert estimator.get_variable_value("global_step") == 4
+  assert {"loss", "loss_scale", "skipped_updates"} <= scalar_tags(
+      str(tmp_path))
+
+
+def test_bad_mixed_precision_flag_is_refused():
+  with pytest.raises(flags.IllegalFlagValueError):
+    FLAGS(["test", "--mixed_precision=fp8"])
