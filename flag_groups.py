@@ -39,6 +39,7 @@ GROUPS = (
         "label_smoothing", "clip_gradients_by_norm", "moving_average_decay",
         "accumulate_steps", "random_seed")),
     ("Checkpoints", ("model_dir", "save_checkpoints_steps",
+                     "save_checkpoints_secs", "stop_grace_secs",
                      "save_summary_steps", "min_free_disk_mb")),
     ("Evaluation", ("once", "timeout_secs", "use_ema_weights", "eval_split")),
     ("Export", ("export_dir", "checkpoint_path")),

@@ -27,13 +27,19 @@ from absl import app
 from absl import flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("batch", 1024, "Effective batch (examples per update).")
-flags.DEFINE_integer("accumulate_steps", 8, "k for the accumulation run.")
-flags.DEFINE_integer("speed_batch", 128, "Batch of the float32 vs bfloat16 "
+flags.DEFINE_integer("precision_batch", 1024,
+                     "Effective batch (examples per update).")
+flags.DEFINE_integer("precision_micro_batches", 8,
+                     "k for the accumulation run.")
+flags.DEFINE_integer("precision_speed_batch", 128,
+                     "Batch of the float32 vs bfloat16 "
                      "runs.")
-flags.DEFINE_integer("steps", 6, "Timed updates per run (after 2 warm-up).")
-flags.DEFINE_string("config", None, "Internal: run one configuration (JSON).")
-flags.DEFINE_string("output", None, "Where to write the JSON results.")
+flags.DEFINE_integer("precision_steps", 6,
+                     "Timed updates per run (after 2 warm-up).")
+flags.DEFINE_string("precision_config", None,
+                    "Internal: run one configuration (JSON).")
+flags.DEFINE_string("precision_output", None,
+                    "Where to write the JSON results.")
 
 
 def _rss_mb() -> float:
@@ -80,14 +86,16 @@ def run_one(config: dict) -> dict:
 
 
 def configurations() -> list:
-  k, batch, steps = FLAGS.accumulate_steps, FLAGS.batch, FLAGS.steps
+  k, batch = FLAGS.precision_micro_batches, FLAGS.precision_batch
+  steps = FLAGS.precision_steps
   return [
       dict(name="one batch", batch=batch, k=1, precision=None, steps=steps),
       dict(name=f"{k} micro-batches", batch=batch // k, k=k, precision=None,
            steps=steps),
-      dict(name="float32", batch=FLAGS.speed_batch, k=1, precision=None,
+      dict(name="float32", batch=FLAGS.precision_speed_batch, k=1,
+           precision=None,
            steps=steps),
-      dict(name="bfloat16", batch=FLAGS.speed_batch, k=1,
+      dict(name="bfloat16", batch=FLAGS.precision_speed_batch, k=1,
            precision="bfloat16", steps=steps),
   ]
 
@@ -114,19 +122,20 @@ def table(results: list) -> str:
 
 def main(argv):
   del argv
-  if FLAGS.config:
-    print(json.dumps(run_one(json.loads(FLAGS.config))))
+  if FLAGS.precision_config:
+    print(json.dumps(run_one(json.loads(FLAGS.precision_config))))
     return
   results = []
   for config in configurations():
     output = subprocess.run(
         [sys.executable, "-m", "bench.precision",
-         f"--config={json.dumps(config)}"], check=True, capture_output=True,
+         f"--precision_config={json.dumps(config)}"], check=True,
+        capture_output=True,
         text=True).stdout
     results.append(json.loads(output.strip().splitlines()[-1]))
   print(table(results))
-  if FLAGS.output:
-    with open(FLAGS.output, "w") as out:
+  if FLAGS.precision_output:
+    with open(FLAGS.precision_output, "w") as out:
       json.dump(results, out, indent=1)
 
 
