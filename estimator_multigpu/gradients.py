@@ -17,6 +17,7 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu import collectives
 from estimator_multigpu import towers as towers_lib
 
 tf1 = tf.compat.v1
@@ -83,8 +84,9 @@ class TowerOptimizer(tf1.train.Optimizer):
         # One multiply on the scalar loss instead of one per gradient.
         scaled = loss if weight == 1.0 else loss * tf.cast(weight, loss.dtype)
         return self._optimizer.compute_gradients(scaled, var_list, **kwargs)
-      grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
-                                                         **kwargs)
+      with collectives.gradient_scale(weight):  # sync batch norm's sums.
+        grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
+                                                           **kwargs)
       return [(_scale(g, weight), v) for g, v in grads_and_vars]
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):

@@ -29,6 +29,7 @@ class Options:
   clip_gradients_by_norm: Optional[float]
   use_ema_weights: bool
   variable_update: str = "shared"
+  sync_batch_norm: bool = False
 
 
 _WARNED: set = set()
@@ -57,7 +58,7 @@ def aggregation_device_option(aggregation_device: Optional[str],
 
 def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
                   clip_gradients_by_norm, use_ema_weights,
-                  variable_update) -> Options:
+                  variable_update, sync_batch_norm=False) -> Options:
   """Validates the decorator's options; messages say how to fix them.
 
   Raises:
@@ -72,6 +73,11 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
     raise ValueError(
         f"`variable_update` is {variable_update!r}; expected one of "
         f"{', '.join(map(repr, strategies.STRATEGIES))}.")
+  if not isinstance(sync_batch_norm, bool):
+    raise TypeError(
+        f"`sync_batch_norm` must be True or False; got {sync_batch_norm!r} "
+        f"({type(sync_batch_norm).__name__}). Pass sync_batch_norm=True to "
+        "compute batch-norm moments over the global batch.")
   _check_open_interval("ema_decay", ema_decay, 0.0, 1.0, "e.g. 0.999")
   _check_open_interval("clip_gradients_by_norm", clip_gradients_by_norm,
                        0.0, float("inf"), "e.g. 5.0")
@@ -81,7 +87,8 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
                           devices_lib.canonical_device(aggregation_device)),
       loss_reduction=loss_reduction, ema_decay=ema_decay,
       clip_gradients_by_norm=clip_gradients_by_norm,
-      use_ema_weights=bool(use_ema_weights), variable_update=variable_update)
+      use_ema_weights=bool(use_ema_weights), variable_update=variable_update,
+      sync_batch_norm=sync_batch_norm)
 
 
 def _check_open_interval(name, value, low, high, example) -> None:

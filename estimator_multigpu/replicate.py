@@ -16,6 +16,7 @@ from estimator_multigpu import slim_compat
 from estimator_multigpu import specs as specs_lib
 from estimator_multigpu import splitting
 from estimator_multigpu import strategies
+from estimator_multigpu import sync_batch_norm as sync_batch_norm_lib
 from estimator_multigpu import towers as towers_lib
 
 tf1 = tf.compat.v1
@@ -32,6 +33,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               clip_gradients_by_norm: Optional[float] = None,
               use_ema_weights: bool = True,
               variable_update: str = "shared",
+              sync_batch_norm: bool = False,
               ps_device: Optional[str] = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
@@ -53,11 +55,13 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
        get exactly the unwrapped names; towers 1.. reuse them, whether made
        by `tf.compat.v1.get_variable`, tf-slim, `tf.compat.v1.layers`, Keras
        layers built inside the `model_fn`, or `tf.Variable`.
-    4. Batch-norm statistics inside a tower come from that tower's shard; the
-       UPDATE_OPS of tower 0 run once per step (towers 1.. are not run, so
-       control dependencies around the optimizer call are dropped in towers
-       1..). The combined update runs with tower 0's train_op; other control
-       dependencies on the returned train_op are not ordered after it.
+    4. Batch-norm statistics inside a tower come from that tower's shard
+       unless `sync_batch_norm=True`, which makes them the global batch's;
+       the UPDATE_OPS of tower 0 run once per step (towers 1.. are not run,
+       so control dependencies around the optimizer call are dropped in
+       towers 1..). The combined update runs with tower 0's train_op; other
+       control dependencies on the returned train_op are not ordered after
+       it.
     5. Gradient clipping written inside the `model_fn` clips each tower's
        share of the gradient; use `clip_gradients_by_norm` for the
        single-device clip of the combined gradient.
@@ -113,6 +117,17 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     variable_update: how towers share variables and combine gradients
       (`strategies`): "shared" (one copy on the aggregation device, like
       tf_cnn_benchmarks' `parameter_server`).
+    sync_batch_norm: True: in TRAIN mode with several towers, every
+      batch-norm layer (tf-slim `batch_norm`, `tf.compat.v1.layers`, Keras
+      `BatchNormalization`; fused or not) normalizes with the moments of the
+      global batch: per-tower sums, sums of squares and counts are
+      all-reduced between the towers with TensorFlow's collective ops (one
+      all-reduce of 3·C numbers per layer forward, one backward), so the
+      loss, gradients and moving statistics equal one device's on the whole
+      batch. All towers then run every step together; a step that reaches
+      only some of them fails after `collectives.TIMEOUT_SECONDS`. EVAL,
+      PREDICT and export are unchanged (moving statistics, no collectives).
+      Custom normalization code can call `cross_tower_moments`.
     ps_device: the old name of `aggregation_device` (warns once).
 
   Returns:
@@ -129,7 +144,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       clip_gradients_by_norm=clip_gradients_by_norm,
       use_ema_weights=use_ema_weights, variable_update=variable_update,
       aggregation_device=options_lib.aggregation_device_option(
-          aggregation_device, ps_device))
+          aggregation_device, ps_device),
+      sync_batch_norm=sync_batch_norm)
   if model_fn is None:
     return lambda fn: _wrap(fn, options)
   return _wrap(model_fn, options)
@@ -203,12 +219,21 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
                                          config),
       plan, split.shards, strategy,
       loss_weights=[split.loss_weight(i, options.loss_reduction)
-                    for i in range(plan.num_towers)])
+                    for i in range(plan.num_towers)],
+      tower_scopes=_sync_batch_norm_scopes(plan, mode, options))
   train_op = (_train_op(towers, strategy, options)
               if mode == ModeKeys.TRAIN else None)
   spec = specs_lib.merge_specs(towers, mode, train_op)
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
   return _with_ema(spec, mode, options, plan.aggregation_device, config)
+
+
+def _sync_batch_norm_scopes(plan, mode, options: Options) -> list:
+  """Synchronized batch norm's tower scope, in TRAIN with several towers."""
+  if not options.sync_batch_norm or mode != ModeKeys.TRAIN or (
+      plan.num_towers == 1):
+    return []
+  return [sync_batch_norm_lib.scope_factory(plan.devices)]
 
 
 def _train_op(towers: list, strategy: strategies.VariableStrategy,

@@ -30,6 +30,9 @@ TensorFlow's own modules are left as they are.
    and dense layers are thin subclasses whose ``add_weight`` runs with
    identity equality (:func:`_identity_equality`); in graph mode that is what
    the comparisons mean anyway, so behaviour and names are unchanged.
+
+4. ``tf_slim.layers.utils.constant_value`` tests ``isinstance(v, ops.Tensor)``
+   and TF 2.15's ``ops`` has no ``Tensor``: :func:`patch_slim_utils_tensor`.
 """
 
 import contextlib
@@ -42,6 +45,7 @@ from absl import logging
 from tensorflow.python.framework import tensor as _tensor_lib
 from tf_slim.layers import layers as _slim_layers
 from tf_slim.layers import optimizers as _slim_optimizers
+from tf_slim.layers import utils as _slim_utils
 
 tf1 = tf.compat.v1
 
@@ -219,8 +223,36 @@ def patch_slim_layer_weights() -> bool:
   return True
 
 
+class _OpsWithTensor:
+  """tf-slim's view of `tensorflow.python.framework.ops`, plus Tensor."""
+
+  Tensor = _tensor_lib.Tensor
+
+  def __init__(self, ops_module):
+    self._ops = ops_module
+
+  def __getattr__(self, name):
+    return getattr(self._ops, name)
+
+
+def patch_slim_utils_tensor() -> bool:
+  """Lets `tf_slim.layers.utils.constant_value` find `ops.Tensor` again.
+
+  Fix 4: `slim.batch_norm`'s own paths (2-D inputs with `fused`, or
+  zero-debiasing) call it and raise AttributeError on TF 2.15 without this.
+
+  Returns:
+    True if this call installed the patch, False if nothing was needed.
+  """
+  if hasattr(_slim_utils.ops, "Tensor"):
+    return False
+  _slim_utils.ops = _OpsWithTensor(_slim_utils.ops)
+  return True
+
+
 def apply_all() -> None:
   """Applies every fix of this module (idempotent)."""
   patch_optimize_loss()
+  patch_slim_utils_tensor()
   patch_slim_batch_norm()
   patch_slim_layer_weights()
