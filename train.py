@@ -61,6 +61,10 @@ flags.DEFINE_integer("save_summary_steps", 100, "Summaries every N steps.")
 flags.DEFINE_integer("log_every_n_steps", 100, "Progress line every N steps.")
 flags.DEFINE_float("clip_gradients_by_norm", None, "Clip the combined "
                    "gradient to this global norm.")
+flags.DEFINE_bool("sync_batch_norm", False, "Batch norm over the global "
+                  "batch: the towers all-reduce their moments, so N towers "
+                  "train batch-norm nets (resnet_*, inception_*) exactly "
+                  "like one device. Eval, predict and export are unchanged.")
 flags.DEFINE_bool("scaling_report", True, "Log the scaling report (input "
                   "wait, per-tower throughput) and warn when input-bound.")
 flags.DEFINE_integer("min_free_disk_mb", 50, "Refuse to start when the model "
@@ -130,7 +134,8 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
                    global_batch_size: int, max_steps: int,
                    log_every_n_steps: int, model_dir: Optional[str],
                    trainers: int = 1, sync_replicas: bool = False,
-                   scaling_report: bool = True):
+                   scaling_report: bool = True,
+                   sync_batch_norm: bool = False):
   """The classifier model_fn on the towers, with progress (and scaling) hooks.
 
   The hook writes throughput summaries to `model_dir` (None: only logs). On
@@ -140,7 +145,8 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
   """
   wrapped = emg.multi_gpu(classifier.model_fn, devices=towers.devices,
                           ema_decay=ema_decay,
-                          clip_gradients_by_norm=clip_norm)
+                          clip_gradients_by_norm=clip_norm,
+                          sync_batch_norm=sync_batch_norm)
   examples_per_step = global_batch_size * (trainers if sync_replicas else 1)
 
   num_towers = len(towers.devices) * trainers
@@ -227,7 +233,8 @@ def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
                             FLAGS.clip_gradients_by_norm, FLAGS.batch_size,
                             FLAGS.max_steps, FLAGS.log_every_n_steps,
                             summary_dir, len(task.trainers) if task else 1,
-                            FLAGS.sync_replicas, FLAGS.scaling_report)
+                            FLAGS.sync_replicas, FLAGS.scaling_report,
+                            FLAGS.sync_batch_norm)
   return build_estimator(model_fn, config, towers, FLAGS.model_dir,
                          FLAGS.save_checkpoints_steps,
                          FLAGS.save_summary_steps, FLAGS.random_seed)
