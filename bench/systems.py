@@ -2,6 +2,8 @@
 
 - `single`: the unwrapped model_fn in a plain Estimator (the baseline).
 - `multi_gpu`: the model_fn wrapped by `estimator_multigpu.multi_gpu`.
+- `multi_gpu_sync_bn`: the same with `sync_batch_norm=True` (batch-norm
+  models only): what synchronized batch norm costs, side by side.
 - `mirrored`: the unwrapped model_fn under `tf.distribute.MirroredStrategy`
   through `RunConfig(train_distribute=...)`; its input_fn yields the
   per-replica batch (global / replicas), so the global batch is the same.
@@ -25,7 +27,8 @@ from bench import protocol
 from bench import specs
 
 tf1 = tf.compat.v1
-SYSTEMS = ("single", "multi_gpu", "mirrored", "tutorial", "split")
+SYSTEMS = ("single", "multi_gpu", "multi_gpu_sync_bn", "mirrored", "tutorial",
+           "split")
 
 
 def tower_devices(kind: str, num_towers: int) -> list:
@@ -57,8 +60,10 @@ def make_estimator(spec: specs.ModelSpec, job: dict) -> tuple:
   if job["system"] == "single":
     return tf.estimator.Estimator(models.make_model_fn(spec, False),
                                   config=_run_config()), spec.global_batch_size
-  if job["system"] == "multi_gpu":
-    model_fn = emg.multi_gpu(models.make_model_fn(spec, True), devices=devices)
+  if job["system"] in ("multi_gpu", "multi_gpu_sync_bn"):
+    model_fn = emg.multi_gpu(
+        models.make_model_fn(spec, True), devices=devices,
+        sync_batch_norm=job["system"] == "multi_gpu_sync_bn")
     return tf.estimator.Estimator(model_fn, config=_run_config(
         session_config=session_config(job))), spec.global_batch_size
   strategy = tf.distribute.MirroredStrategy(
