@@ -180,8 +180,9 @@ def all_reduce_sum(value: tf.Tensor, group: Group, tower_index: int,
   @tf.custom_gradient
   def summed(vector):
     def grad(upstream):
-      # d(Σⱼ vⱼ)/dvᵢ = I, and tower j's copy of the sum feeds only tower j's
-      # loss: tower i's gradient is Σⱼ of the towers' upstream gradients.
+      # d(Σⱼ vⱼ)/dvᵢ = I, and tower j's copy of the sum feeds only tower
+      # j's loss: tower i's gradient is Σⱼ of the towers' upstream
+      # gradients.
       key = keys.backward_key(forward_key, tower_index, group)
       scale = getattr(_SCALE, "value", None)
       if scale is None:

@@ -88,21 +88,26 @@ def _patched():
 
 
 def _install() -> None:
-  base = importlib.import_module(_KERAS_BATCH_NORM).BatchNormalizationBase
-  base._moments = _keras_moments(base._moments)  # pylint: disable=protected-access
-  base._fused_batch_norm = _keras_fused(base._fused_batch_norm)  # pylint: disable=protected-access
+  base = _keras_batch_norm_base()
+  for name, wrap in (("_moments", _keras_moments),
+                     ("_fused_batch_norm", _keras_fused)):
+    setattr(base, name, wrap(getattr(base, name)))
   slim_layers = _slim_layers()
   if slim_layers is not None:
     slim_layers.nn = _SlimNN(slim_layers.nn)
 
 
 def _uninstall() -> None:
-  base = importlib.import_module(_KERAS_BATCH_NORM).BatchNormalizationBase
-  base._moments = base._moments.original  # pylint: disable=protected-access
-  base._fused_batch_norm = base._fused_batch_norm.original  # pylint: disable=protected-access
+  base = _keras_batch_norm_base()
+  for name in ("_moments", "_fused_batch_norm"):
+    setattr(base, name, getattr(base, name).original)
   slim_layers = _slim_layers()
   if slim_layers is not None and isinstance(slim_layers.nn, _SlimNN):
     slim_layers.nn = slim_layers.nn.module
+
+
+def _keras_batch_norm_base() -> type:
+  return importlib.import_module(_KERAS_BATCH_NORM).BatchNormalizationBase
 
 
 def is_installed() -> bool:

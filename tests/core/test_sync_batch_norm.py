@@ -4,9 +4,10 @@ Each model is conv or dense -> batch norm -> relu -> dense -> softmax cross
 entropy, trained 3 Momentum steps. With the option, every variable (moving
 mean and variance, Momentum slots, global_step included) after N towers
 equals the unwrapped model_fn on one device on the whole batch within 1e-4
-(the differences left are float32 rounding: the float64 test below gets
-~1e-12). Without the option the towers normalize their own shards and the
-results differ by more than 1e-3, so the comparison has teeth.
+(measured: at most 1.4e-6, float32 rounding; the float64 gradient test of
+`cross_tower_moments` below agrees with the numpy formula to 1e-10). Without
+the option the towers normalize their own shards and the results differ by
+more than 1e-3, so the comparison has teeth.
 
 Initial weights are constants (np.linspace), so both runs start equal.
 """
