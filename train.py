@@ -94,6 +94,10 @@ flags.DEFINE_integer("accumulate_steps", 1, "Apply one update per K input "
 flags.DEFINE_enum("mixed_precision", None, ["bfloat16", "float16"],
                   "Compute in the towers in this precision (float32 master "
                   "weights; float16 with dynamic loss scaling).")
+flags.DEFINE_bool("sync_batch_norm", False, "Batch norm over the global "
+                  "batch: the towers all-reduce their moments, so N towers "
+                  "train batch-norm nets (resnet_*, inception_*) exactly "
+                  "like one device. Eval, predict and export are unchanged.")
 flags.DEFINE_bool("scaling_report", True, "Warn when the run is "
                   "input-bound; its per-window report (input wait) shows "
                   "with --verbosity=1.")
@@ -215,7 +219,8 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
                           clip_gradients_by_norm=clip_norm,
                           variable_update=variable_update,
                           accumulate_steps=accumulate_steps,
-                          mixed_precision=mixed_precision)
+                          mixed_precision=mixed_precision,
+                          sync_batch_norm=sync_batch_norm)
   examples_per_step = global_batch_size * accumulate_steps * (
       trainers if sync_replicas else 1)
 
@@ -383,8 +388,7 @@ def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
                             summary_dir, len(task.trainers) if task else 1,
                             FLAGS.sync_replicas, FLAGS.scaling_report,
                             variable_update=FLAGS.variable_update,
-                            sync_batch_norm=bool(flag_value("sync_batch_norm",
-                                                            False)),
+                            sync_batch_norm=FLAGS.sync_batch_norm,
                             accumulate_steps=FLAGS.accumulate_steps,
                             mixed_precision=FLAGS.mixed_precision)
   steps, secs = schedule

@@ -12,6 +12,7 @@ from bench import schedule
 # The issue's targets for `multi_gpu`, as ratios of median examples/sec.
 ONE_TOWER_MIN = 0.97     # x1 tower vs the unwrapped model_fn.
 TWO_TOWER_MIN = 0.90     # x2 towers (on 2 cores) vs the unwrapped model_fn.
+SYNC_BATCH_NORM_MIN = 0.80  # sync batch norm xk vs multi_gpu xk (ours).
 LINEAR_SLACK = 1.5       # late per-tower build cost / early per-tower cost.
 
 
@@ -172,6 +173,20 @@ def throughput_checks(rows: list, model: str, towers: list) -> list:
           f"{model} multi_gpu x{k} faster than mirrored x{k}", value, 1.0,
           strict=True))
   return checks + split_checks(rows, model, towers)
+
+
+def sync_batch_norm_checks(rows: list, model: str, towers: list) -> list:
+  """What `sync_batch_norm=True` costs: xk with it vs xk without it."""
+  checks = []
+  for k in towers:
+    row, plain = (find(rows, model, "multi_gpu_sync_bn", k),
+                  find(rows, model, "multi_gpu", k))
+    if row and plain:
+      checks.append(ratio_check(
+          f"{model} multi_gpu_sync_bn x{k} >= {SYNC_BATCH_NORM_MIN}x "
+          f"multi_gpu x{k}", ratio(row, plain), SYNC_BATCH_NORM_MIN,
+          f" ({_rate(row.median)} vs {_rate(plain.median)} examples/sec)"))
+  return checks
 
 
 def split_checks(rows: list, model: str, towers: list) -> list:

@@ -116,6 +116,8 @@ def jobs_for(model: str, config: dict) -> list:
           [make("replicated", k) for k in config["towers"] if k > 1] +
           [make("multi_gpu", k, v) for v in config["thread_variants"]
            for k in config["towers"]] +
+          [make("multi_gpu_sync_bn", k) for k in config["towers"]
+           if k > 1 and model in specs.BATCH_NORM_MODELS] +
           [make("mirrored", k) for k in config["towers"]] +
           [make(system, k) for system in ("tutorial", "split")
            for k in config["tutorial_towers"]])
@@ -142,6 +144,7 @@ def main(argv) -> int:
     rows += [report.to_row(t, batch) for t in timings]
     checks += report.throughput_checks(rows, model, config["towers"])
     checks += report.same_graph_check(rows, model)
+    checks += report.sync_batch_norm_checks(rows, model, config["towers"])
   graph = {}
   if config["graph_model"]:
     graph = schedule.measure_graph_build(

@@ -28,6 +28,8 @@ MODELS = {
     "resnet_v1_50": ModelSpec("resnet_v1_50", "resnet_v1_50", 32, 3, 32,
                               num_classes=1000),
 }
+# Models with batch norm: also benchmarked with `sync_batch_norm=True`.
+BATCH_NORM_MODELS = ("resnet_v1_50",)
 GPU_IMAGE_SIZE = {"resnet_v1_50": 224}  # full-size images on a GPU host.
 GPU_BATCH_SIZE = {"resnet_v1_50": 256}  # 64 per GPU at 4 towers.
 

@@ -5,6 +5,8 @@
   (shared variables, tf_cnn_benchmarks' `parameter_server`).
 - `replicated`: the same with `variable_update="replicated"` (a copy per
   tower, collective all-reduce; tf_cnn_benchmarks' `replicated`).
+- `multi_gpu_sync_bn`: the same with `sync_batch_norm=True` (batch-norm
+  models only): what synchronized batch norm costs, side by side.
 - `mirrored`: the unwrapped model_fn under `tf.distribute.MirroredStrategy`
   through `RunConfig(train_distribute=...)`; its input_fn yields the
   per-replica batch (global / replicas), so the global batch is the same.
@@ -28,8 +30,8 @@ from bench import protocol
 from bench import specs
 
 tf1 = tf.compat.v1
-SYSTEMS = ("single", "multi_gpu", "replicated", "mirrored", "tutorial",
-           "split")
+SYSTEMS = ("single", "multi_gpu", "replicated", "multi_gpu_sync_bn",
+           "mirrored", "tutorial", "split")
 
 
 def tower_devices(kind: str, num_towers: int) -> list:
@@ -61,11 +63,12 @@ def make_estimator(spec: specs.ModelSpec, job: dict) -> tuple:
   if job["system"] == "single":
     return tf.estimator.Estimator(models.make_model_fn(spec, False),
                                   config=_run_config()), spec.global_batch_size
-  if job["system"] in ("multi_gpu", "replicated"):
+  if job["system"] in ("multi_gpu", "replicated", "multi_gpu_sync_bn"):
     model_fn = emg.multi_gpu(
         models.make_model_fn(spec, True), devices=devices,
         variable_update=("replicated" if job["system"] == "replicated"
-                         else "shared"))
+                         else "shared"),
+        sync_batch_norm=job["system"] == "multi_gpu_sync_bn")
     return tf.estimator.Estimator(model_fn, config=_run_config(
         session_config=session_config(job))), spec.global_batch_size
   strategy = tf.distribute.MirroredStrategy(

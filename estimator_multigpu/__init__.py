@@ -21,6 +21,7 @@ _PUBLIC = {
     "make_session_config": "devices",
     "make_parallel": "parallel",
     "tower_devices": "plan",
+    "cross_tower_moments": "moments",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -37,6 +37,7 @@ class Options:
   gradient_packing_bytes: int = 0
   accumulate_steps: int = 1
   mixed_precision: Optional[str] = None
+  sync_batch_norm: bool = False
 
   @property
   def needs_towers(self) -> bool:
@@ -73,7 +74,7 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
                   clip_gradients_by_norm, use_ema_weights,
                   variable_update, unsplit_features=(), all_reduce=None,
                   gradient_packing_bytes=None, accumulate_steps=1,
-                  mixed_precision=None) -> Options:
+                  mixed_precision=None, sync_batch_norm=False) -> Options:
   """Validates the decorator's options; messages say how to fix them.
 
   Raises:
@@ -89,6 +90,11 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
         f"`variable_update` is {variable_update!r}; expected one of "
         f"{', '.join(map(repr, strategies.STRATEGIES))}.")
   _check_all_reduce(variable_update, all_reduce, gradient_packing_bytes)
+  if not isinstance(sync_batch_norm, bool):
+    raise TypeError(
+        f"`sync_batch_norm` must be True or False; got {sync_batch_norm!r} "
+        f"({type(sync_batch_norm).__name__}). Pass sync_batch_norm=True to "
+        "compute batch-norm moments over the global batch.")
   _check_open_interval("ema_decay", ema_decay, 0.0, 1.0, "e.g. 0.999")
   _check_open_interval("clip_gradients_by_norm", clip_gradients_by_norm,
                        0.0, float("inf"), "e.g. 5.0")
@@ -104,7 +110,8 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
       gradient_packing_bytes=int(gradient_packing_bytes or 0),
       accumulate_steps=accumulation.check_steps(accumulate_steps),
       mixed_precision=mixed_precision_lib.check_mixed_precision(
-          mixed_precision))
+          mixed_precision),
+      sync_batch_norm=sync_batch_norm)
 
 
 def _feature_keys(keys) -> tuple:

@@ -18,6 +18,7 @@ from estimator_multigpu import slim_compat
 from estimator_multigpu import specs as specs_lib
 from estimator_multigpu import splitting
 from estimator_multigpu import strategies
+from estimator_multigpu import sync_batch_norm as sync_batch_norm_lib
 from estimator_multigpu import towers as towers_lib
 from estimator_multigpu import updates
 
@@ -40,6 +41,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               gradient_packing_bytes: Optional[int] = None,
               accumulate_steps: int = 1,
               mixed_precision: Optional[str] = None,
+              sync_batch_norm: bool = False,
               ps_device: Optional[str] = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
@@ -68,8 +70,9 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
        get exactly the unwrapped names; towers 1.. reuse them, whether made
        by `tf.compat.v1.get_variable`, tf-slim, `tf.compat.v1.layers`, Keras
        layers built inside the `model_fn`, or `tf.Variable`.
-    4. Batch-norm statistics inside a tower come from that tower's shard; the
-       UPDATE_OPS of tower 0 run once per step (towers 1.. are not run, so
+    4. Batch-norm statistics inside a tower come from that tower's shard
+       unless `sync_batch_norm=True`, which makes them the global batch's;
+       the UPDATE_OPS of tower 0 run once per step (towers 1.. are not run, so
        control dependencies around the optimizer call are dropped in towers
        1..; compute gradients with `tf.gradients` outside a
        `tf.control_dependencies(update_ops)` block, or towers 1..'s updates
@@ -185,6 +188,17 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     mixed_precision: None (float32), "bfloat16" or "float16" (with dynamic
       loss scaling): the precision the towers compute in; variables,
       gradient combination and the update stay float32.
+    sync_batch_norm: True: in TRAIN mode with several towers, every
+      batch-norm layer (tf-slim `batch_norm`, `tf.compat.v1.layers`, Keras
+      `BatchNormalization`; fused or not) normalizes with the moments of the
+      global batch: per-tower sums, sums of squares and counts are
+      all-reduced between the towers with TensorFlow's collective ops (one
+      all-reduce of 3·C numbers per layer forward, one backward), so the
+      loss, gradients and moving statistics equal one device's on the whole
+      batch. All towers then run every step together; a step that reaches
+      only some of them fails after `collectives.TIMEOUT_SECONDS`. EVAL,
+      PREDICT and export are unchanged (moving statistics, no collectives).
+      Custom normalization code can call `cross_tower_moments`.
     unsplit_features: keys of the features dict that are not batch-major
       (a vocabulary, a lookup table): every tower gets them whole.
     ps_device: the old name of `aggregation_device` (warns once).
@@ -206,7 +220,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       all_reduce=all_reduce, gradient_packing_bytes=gradient_packing_bytes,
       accumulate_steps=accumulate_steps, mixed_precision=mixed_precision,
       aggregation_device=options_lib.aggregation_device_option(
-          aggregation_device, ps_device))
+          aggregation_device, ps_device),
+      sync_batch_norm=sync_batch_norm)
   if model_fn is None:
     return lambda fn: _wrap(fn, options)
   return _wrap(model_fn, options)
@@ -291,7 +306,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       plan, split.shards, strategy,
       loss_weights=[split.loss_weight(i, options.loss_reduction)
                     for i in range(plan.num_towers)],
-      tower_scopes=[precision.tower_scope] if precision else [])
+      tower_scopes=([precision.tower_scope] if precision else []) +
+      _sync_batch_norm_scopes(plan, mode, options))
   rule = (_update_rule(options, precision, split, plan.aggregation_device)
           if mode == ModeKeys.TRAIN else None)
   train_op = (_train_op(towers, strategy, options, rule)
@@ -338,6 +354,14 @@ def _check_no_parameter_servers(config) -> None:
         "parameter server task(s). Parameter servers hold the one copy of "
         "each variable that every worker updates; replicated variables live "
         "in each tower. Use variable_update='shared' in a ps cluster.")
+
+
+def _sync_batch_norm_scopes(plan, mode, options: Options) -> list:
+  """Synchronized batch norm's tower scope, in TRAIN with several towers."""
+  if not options.sync_batch_norm or mode != ModeKeys.TRAIN or (
+      plan.num_towers == 1):
+    return []
+  return [sync_batch_norm_lib.scope_factory(plan.devices)]
 
 
 def _train_op(towers: list, strategy: strategies.VariableStrategy,

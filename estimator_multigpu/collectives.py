@@ -1,0 +1,192 @@
+"""Cross-tower all-reduce inside the towers' forward pass, differentiable.
+
+Synchronized batch norm sums a small statistics vector over the towers while
+the graph runs. This module does that with TensorFlow's own collective op
+(`CollectiveReduceV2`: in-process transport between the CPU devices of one
+session, NCCL between GPUs), wrapped in `tf.custom_gradient` so gradients
+flow back through the sum: the backward pass is another all-reduce.
+
+Keys. A collective is matched across devices by its group key (the set of
+towers) and instance key (one call). The k-th `all_reduce_sum` of every tower
+shares one forward instance key; the j-th gradient of that call shares one
+backward key. Every key comes from one process-wide counter, so graphs built
+one after another in a process (Estimator's train, eval and export graphs)
+never share keys, and each layer of each graph has its own.
+
+Never a hang. A collective waits for every tower of its group, so the towers
+must build the same calls and run them in the same `session.run`
+(`multi_gpu`'s merged train_op and loss reach every tower). `check_complete`
+turns a tower that built fewer collectives into a build-time error, and every
+collective carries `TIMEOUT_SECONDS`: a step that reaches only some towers
+fails with `DeadlineExceededError` naming the `cross_tower_all_reduce` op
+(the session's collectives stay aborted afterwards; restart the program).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import threading
+import weakref
+from typing import Any, Optional
+
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-tensorflow-import
+
+tf1 = tf.compat.v1
+
+# How long a collective waits for the other towers before failing the step.
+TIMEOUT_SECONDS = 600.0
+
+_KEYS = itertools.count(start=1001)
+_LOCK = threading.RLock()
+_GRAPH_KEYS: "weakref.WeakKeyDictionary[tf.Graph, GraphKeys]" = (
+    weakref.WeakKeyDictionary())
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """The towers taking part in each all-reduce.
+
+  Attributes:
+    devices: the towers' devices, in tower order (the collective's group).
+    timeout: seconds a collective waits for the others; 0 waits forever.
+    communication_hint: "auto", "ring" or "nccl". Keep "auto": v1 sessions
+      do not order collectives, and NCCL needs one launch order on all GPUs.
+  """
+  devices: tuple
+  timeout: float = TIMEOUT_SECONDS
+  communication_hint: str = "auto"
+
+  @property
+  def num_towers(self) -> int:
+    return len(self.devices)
+
+
+class GraphKeys:
+  """The collective keys of one graph, and how many towers used each."""
+
+  def __init__(self):
+    self.group_keys: dict = {}
+    self.forward_keys: list = []
+    self.calls: collections.Counter = collections.Counter()
+    self.backward_keys: dict = {}
+    self.participants: collections.Counter = collections.Counter()
+    self.expected: dict = {}
+
+  def group_key(self, group: Group) -> int:
+    if group.devices not in self.group_keys:
+      self.group_keys[group.devices] = next(_KEYS)
+    return self.group_keys[group.devices]
+
+  def forward_key(self, group: Group, tower_index: int) -> int:
+    """The key of this tower's next forward call (shared across towers)."""
+    position = self._count((group.devices, tower_index))
+    while len(self.forward_keys) <= position:
+      self.forward_keys.append(next(_KEYS))
+    return self._use(self.forward_keys[position], group)
+
+  def backward_key(self, forward_key: int, tower_index: int,
+                   group: Group) -> int:
+    """The key of this tower's next gradient of the `forward_key` call."""
+    position = self._count((forward_key, tower_index))
+    if (forward_key, position) not in self.backward_keys:
+      self.backward_keys[(forward_key, position)] = next(_KEYS)
+    return self._use(self.backward_keys[(forward_key, position)], group)
+
+  def _count(self, slot) -> int:
+    self.calls[slot] += 1
+    return self.calls[slot] - 1
+
+  def _use(self, key: int, group: Group) -> int:
+    self.participants[key] += 1
+    self.expected[key] = group.num_towers
+    return key
+
+  def incomplete(self) -> dict:
+    """{instance key: (towers that built it, towers expected)} if short."""
+    return {key: (count, self.expected[key])
+            for key, count in self.participants.items()
+            if count != self.expected[key]}
+
+
+def graph_keys(graph: Optional[tf.Graph] = None) -> GraphKeys:
+  """The keys of `graph` (default: the default graph)."""
+  graph = graph or tf1.get_default_graph()
+  with _LOCK:
+    if graph not in _GRAPH_KEYS:
+      _GRAPH_KEYS[graph] = GraphKeys()
+    return _GRAPH_KEYS[graph]
+
+
+def check_complete(graph: Optional[tf.Graph] = None) -> None:
+  """Raises if some tower built fewer all-reduces than the others.
+
+  Such a collective would wait forever for the missing towers.
+
+  Raises:
+    ValueError: names the keys and how many towers built each.
+  """
+  short = graph_keys(graph).incomplete()
+  if short:
+    details = ", ".join(f"key {key}: {count} of {expected} towers"
+                        for key, (count, expected) in sorted(short.items()))
+    raise ValueError(
+        "Synchronized batch norm: the towers built different cross-tower "
+        f"reductions ({details}); a step would wait forever for the missing "
+        "towers. Every tower must build the same batch-norm layers in "
+        "training mode, in the same order, and compute gradients through "
+        "them the same way.")
+
+
+def all_reduce_sum(value: tf.Tensor, group: Group, tower_index: int,
+                   device: str, weight: Any = None) -> tf.Tensor:
+  """Σ over the towers of `value`, on `device`; differentiable.
+
+  Args:
+    value: this tower's tensor; same shape and dtype in every tower.
+    group: the towers.
+    tower_index: this tower's position in `group.devices`.
+    device: where this tower's collective runs.
+    weight: this tower's share of the global batch (wᵢ), which
+      `TowerOptimizer.apply_gradients` multiplies the tower's gradients by
+      after they are computed, whichever way (`compute_gradients`,
+      `tf.gradients`). None: 1.
+
+  Returns:
+    The sum. Its gradient in tower i is (Σⱼ wⱼ·gⱼ) / wᵢ for the towers'
+    upstream gradients gⱼ, so that after the multiplication by wᵢ each
+    tower's loss counts with its share (0 for an empty shard, whose inputs
+    get no gradient anyway).
+  """
+  keys = graph_keys()
+  forward_key = keys.forward_key(group, tower_index)
+
+  @tf.custom_gradient
+  def summed(vector):
+    def grad(upstream):
+      # d(Σⱼ vⱼ)/dvᵢ = I, and tower j's copy of the sum feeds only tower
+      # j's loss: tower i's gradient is Σⱼ of the towers' upstream
+      # gradients.
+      key = keys.backward_key(forward_key, tower_index, group)
+      scale = weight
+      if scale is None or (isinstance(scale, float) and scale == 1.0):
+        return _reduce(upstream, group, key, device)
+      scale = tf.cast(scale, upstream.dtype)
+      return tf.math.divide_no_nan(
+          _reduce(upstream * scale, group, key, device), scale)
+    return _reduce(vector, group, forward_key, device), grad
+
+  return summed(value)
+
+
+def _reduce(value: tf.Tensor, group: Group, instance_key: int,
+            device: str) -> tf.Tensor:
+  with tf.device(device):
+    return collective_ops.all_reduce_v2(
+        value, group_size=group.num_towers,
+        group_key=graph_keys().group_key(group), instance_key=instance_key,
+        merge_op="Add", final_op="Id",
+        communication_hint=group.communication_hint, timeout=group.timeout,
+        name="cross_tower_all_reduce")

@@ -1,0 +1,201 @@
+"""Synchronized batch norm: `multi_gpu(..., sync_batch_norm=True)`.
+
+`tower_scope(tower)` is entered around each tower's model_fn call
+(`towers.build_towers`' `tower_scopes`, TRAIN mode, more than one tower).
+Inside it, batch-norm layers in training mode normalize with the moments of
+the global batch (`moments.cross_tower_moments`), so N towers compute one
+device's outputs, gradients and moving statistics. The layers are reached at
+three points, installed while a scope is open and removed after:
+
+1. Keras `BatchNormalizationBase._moments` (non-fused path): covers
+   `tf.keras.layers.BatchNormalization`, `tf.compat.v1.layers.
+   batch_normalization` / `BatchNormalization` and tf-slim's default path.
+   Left local with `virtual_batch_size` (ghost batches are per tower).
+2. Keras `BatchNormalizationBase._fused_batch_norm` (fused path): for the
+   duration of the call `tf.compat.v1.nn.fused_batch_norm` is
+   `moments.sync_fused_batch_norm`.
+3. tf-slim's own paths (`slim.batch_norm` on 2-D inputs with `fused`, or
+   with zero-debiasing or other update collections): tf-slim's `nn` module
+   becomes a stand-in whose `fused_batch_norm`, `moments` and
+   `weighted_moments` reduce over the global batch when they reduce axis 0
+   (`slim.layer_norm` stays local).
+
+Moving statistics. Every tower's update ops are built from the global
+moments, so tower 0's UPDATE_OPS, which `multi_gpu` runs once per step, give
+exactly one device's update, even when tower 0's own shard is empty.
+
+Not covered: direct calls of `tf.nn.moments` / `tf.nn.fused_batch_norm` in a
+model_fn (use `cross_tower_moments` / `moments.sync_fused_batch_norm`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+from typing import Any
+
+import tensorflow as tf
+
+from estimator_multigpu import collectives
+from estimator_multigpu import moments
+
+tf1 = tf.compat.v1
+_LOCK = threading.RLock()
+_DEPTH = [0]  # open scopes; the patches are installed while > 0.
+_KERAS_BATCH_NORM = "keras.src.layers.normalization.batch_normalization"
+
+
+def scope_factory(devices, timeout: float = collectives.TIMEOUT_SECONDS):
+  """The `towers.build_towers` scope factory for towers on `devices`.
+
+  Args:
+    devices: every tower's device, in tower order (the collective group).
+    timeout: seconds a collective waits for the other towers.
+
+  Returns:
+    `tower -> context manager` synchronizing that tower's batch norm.
+  """
+  group = collectives.Group(tuple(devices), timeout)
+  return lambda tower: tower_scope(tower.index, group, tower.loss_weight)
+
+
+@contextlib.contextmanager
+def tower_scope(tower_index: int, group: collectives.Group,
+                loss_weight: Any = None):
+  """Batch norm built inside reduces over `group`'s towers.
+
+  `loss_weight`: the tower's share of the global batch (its gradients are
+  multiplied by it after they are computed).
+
+  After the last tower, checks that every tower built the same all-reduces
+  (`collectives.check_complete`): a mismatch would hang the first step.
+  """
+  with moments.tower_context(tower_index, group, loss_weight), _patched():
+    yield
+  if tower_index == group.num_towers - 1:
+    collectives.check_complete()
+
+
+@contextlib.contextmanager
+def _patched():
+  with _LOCK:
+    _DEPTH[0] += 1
+    if _DEPTH[0] == 1:
+      _install()
+  try:
+    yield
+  finally:
+    with _LOCK:
+      _DEPTH[0] -= 1
+      if _DEPTH[0] == 0:
+        _uninstall()
+
+
+def _install() -> None:
+  base = _keras_batch_norm_base()
+  for name, wrap in (("_moments", _keras_moments),
+                     ("_fused_batch_norm", _keras_fused)):
+    setattr(base, name, wrap(getattr(base, name)))
+  slim_layers = _slim_layers()
+  if slim_layers is not None:
+    slim_layers.nn = _SlimNN(slim_layers.nn)
+
+
+def _uninstall() -> None:
+  base = _keras_batch_norm_base()
+  for name in ("_moments", "_fused_batch_norm"):
+    setattr(base, name, getattr(base, name).original)
+  slim_layers = _slim_layers()
+  if slim_layers is not None and isinstance(slim_layers.nn, _SlimNN):
+    slim_layers.nn = slim_layers.nn.module
+
+
+def _keras_batch_norm_base() -> type:
+  return importlib.import_module(_KERAS_BATCH_NORM).BatchNormalizationBase
+
+
+def is_installed() -> bool:
+  """Whether the layer interception is in place (a scope is open)."""
+  return _DEPTH[0] > 0
+
+
+def _slim_layers():
+  try:
+    return importlib.import_module("tf_slim.layers.layers")
+  except ImportError:
+    return None
+
+
+def _keras_moments(original):
+  """`BatchNormalizationBase._moments` over the global batch."""
+
+  def _moments(self, inputs, reduction_axes, keep_dims, mask=None):
+    if (moments.current_context() is None
+        or self.virtual_batch_size is not None):
+      return original(self, inputs, reduction_axes, keep_dims, mask=mask)
+    weights = (None if mask is None else
+               tf.expand_dims(tf.cast(mask, inputs.dtype), axis=-1))
+    return moments.cross_tower_moments(inputs, reduction_axes,
+                                       keepdims=keep_dims,
+                                       frequency_weights=weights)
+
+  _moments.original = original
+  return _moments
+
+
+def _keras_fused(original):
+  """`BatchNormalizationBase._fused_batch_norm` with the synchronized op."""
+
+  def _fused_batch_norm(self, inputs, mask, training):
+    if moments.current_context() is None:
+      return original(self, inputs, mask, training)
+    nn_module = tf1.nn  # Keras looks the op up here at call time.
+    previous = nn_module.fused_batch_norm
+    nn_module.fused_batch_norm = moments.sync_fused_batch_norm
+    try:
+      return original(self, inputs, mask, training)
+    finally:
+      nn_module.fused_batch_norm = previous
+
+  _fused_batch_norm.original = original
+  return _fused_batch_norm
+
+
+class _SlimNN:
+  """tf-slim's view of `tensorflow.python.ops.nn`, batch moments global."""
+
+  def __init__(self, module):
+    self.module = module
+
+  def __getattr__(self, name):
+    return getattr(self.module, name)
+
+  @staticmethod
+  def fused_batch_norm(*args, **kwargs):
+    return moments.sync_fused_batch_norm(*args, **kwargs)
+
+  def moments(self, x, axes, shift=None, name=None, keep_dims=None,
+              keepdims=None):
+    if not _reduces_batch(x, axes):
+      return self.module.moments(x, axes, shift=shift, name=name,
+                                 keep_dims=keep_dims, keepdims=keepdims)
+    return moments.cross_tower_moments(
+        x, axes, keepdims=bool(keepdims or keep_dims), name=name)
+
+  def weighted_moments(self, x, axes, frequency_weights, name=None,
+                       keep_dims=None, keepdims=None):
+    if not _reduces_batch(x, axes):
+      return self.module.weighted_moments(
+          x, axes, frequency_weights, name=name, keep_dims=keep_dims,
+          keepdims=keepdims)
+    return moments.cross_tower_moments(
+        x, axes, keepdims=bool(keepdims or keep_dims),
+        frequency_weights=frequency_weights, name=name)
+
+
+def _reduces_batch(x, axes) -> bool:
+  """Whether moments of `x` over `axes` are batch statistics to share."""
+  rank = tf.convert_to_tensor(x).shape.rank
+  return (moments.current_context() is not None and rank is not None
+          and 0 in [axis % rank for axis in axes])

@@ -1,0 +1,46 @@
+"""train.py --sync_batch_norm reaches `multi_gpu` (imported, no subprocess)."""
+
+from absl import flags
+from absl.testing import flagsaver
+import pytest
+
+import estimator_multigpu as emg
+import common_flags
+import train
+
+FLAGS = flags.FLAGS
+
+
+@pytest.fixture(autouse=True)
+def parsed_flags():
+  if not FLAGS.is_parsed():
+    FLAGS(["test"])
+  with flagsaver.flagsaver():
+    yield
+
+
+@pytest.fixture
+def multi_gpu_calls(monkeypatch):
+  """Records the keyword options every `emg.multi_gpu` call gets."""
+  calls = []
+  real = emg.multi_gpu
+
+  def spy(model_fn, **options):
+    calls.append(options)
+    return real(model_fn, **options)
+
+  monkeypatch.setattr(emg, "multi_gpu", spy)
+  return calls
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_flag_reaches_the_decorator(value, multi_gpu_calls, tmp_path):
+  FLAGS.model_name, FLAGS.model_dir = "resnet_v1_50", str(tmp_path)
+  FLAGS.sync_batch_norm = value
+  towers = common_flags.resolve_towers(None, None, 2)
+  train.make_estimator(None, towers, train.classifier_config(10))
+  assert [call["sync_batch_norm"] for call in multi_gpu_calls] == [value]
+
+
+def test_flag_defaults_to_off():
+  assert FLAGS["sync_batch_norm"].default is False
