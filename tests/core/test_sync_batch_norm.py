@@ -327,3 +327,34 @@ def test_towers_building_different_layers_is_an_error():
             sync_batch_norm.tower_scope(index, group):
           if index == 0:
             emg.cross_tower_moments(tf.ones([2, 3]), [0])
+
+
+def make_tf_gradients_model_fn():
+  """The slim 2-D model, its gradients from `tf.gradients` (BERT style):
+  TowerOptimizer weights them when they are applied, so the backward
+  all-reduce must weight each tower's share itself."""
+  def model_fn(features, labels, mode):
+    h = _batch_norm(_features(features, 2, "slim"), "slim", True)
+    logits = tf1.layers.dense(tf.nn.relu(h), CLASSES, name="logits",
+                              kernel_initializer=_init([5, CLASSES]))
+    loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+    variables = tf1.trainable_variables()
+    grads = tf.gradients(loss, variables)
+    opt = emg.TowerOptimizer(tf1.train.MomentumOptimizer(0.1, 0.9))
+    with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+      train_op = opt.apply_gradients(zip(grads, variables),
+                                     tf1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+  return model_fn
+
+
+@pytest.mark.parametrize("towers,batch,dynamic", [(3, 7, False), (3, 7, True),
+                                                   (3, 2, False)])
+def test_gradients_from_tf_gradients_are_exact_too(towers, batch, dynamic):
+  x, y = make_data(2, batch)
+  expected, _ = harness.train(make_tf_gradients_model_fn(), x, y, STEPS,
+                              _config())
+  actual, _ = harness.train(make_tf_gradients_model_fn(), x, y, STEPS,
+                            _config(), num_towers=towers,
+                            dynamic_batch=dynamic, sync_batch_norm=True)
+  assert max_difference(expected, actual) < TOLERANCE
