@@ -38,7 +38,8 @@ def test_flag_reaches_the_decorator(value, multi_gpu_calls, tmp_path):
   FLAGS.model_name, FLAGS.model_dir = "resnet_v1_50", str(tmp_path)
   FLAGS.sync_batch_norm = value
   towers = common_flags.resolve_towers(None, None, 2)
-  train.make_estimator(None, towers, train.classifier_config(10))
+  train.make_estimator(None, towers, train.classifier_config(10),
+                       schedule=(100, None))
   assert [call["sync_batch_norm"] for call in multi_gpu_calls] == [value]
 
 
