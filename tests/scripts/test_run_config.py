@@ -4,7 +4,6 @@ import json
 import os
 
 from absl import flags
-from absl.testing import flagsaver
 import pytest
 import tensorflow as tf
 
@@ -20,12 +19,7 @@ FLAGS = flags.FLAGS
 tf1 = tf.compat.v1
 
 
-@pytest.fixture(autouse=True)
-def parsed_flags():
-  if not FLAGS.is_parsed():
-    FLAGS(["test"])
-  with flagsaver.flagsaver():
-    yield
+pytestmark = pytest.mark.usefixtures("parsed_flags")
 
 
 def give(**values):

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 from absl import flags
-from absl.testing import flagsaver
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -23,12 +22,7 @@ FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(autouse=True)
-def parsed_flags():
-  if not FLAGS.is_parsed():
-    FLAGS(["test"])
-  with flagsaver.flagsaver():
-    yield
+pytestmark = pytest.mark.usefixtures("parsed_flags")
 
 
 def test_towers_default_to_two_virtual_cpus_without_gpus():

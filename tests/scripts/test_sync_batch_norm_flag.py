@@ -1,7 +1,6 @@
 """train.py --sync_batch_norm reaches `multi_gpu` (imported, no subprocess)."""
 
 from absl import flags
-from absl.testing import flagsaver
 import pytest
 
 import estimator_multigpu as emg
@@ -11,12 +10,7 @@ import train
 FLAGS = flags.FLAGS
 
 
-@pytest.fixture(autouse=True)
-def parsed_flags():
-  if not FLAGS.is_parsed():
-    FLAGS(["test"])
-  with flagsaver.flagsaver():
-    yield
+pytestmark = pytest.mark.usefixtures("parsed_flags")
 
 
 @pytest.fixture

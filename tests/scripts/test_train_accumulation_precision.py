@@ -4,7 +4,6 @@ import glob
 import os
 
 from absl import flags
-from absl.testing import flagsaver
 import pytest
 import tensorflow as tf
 
@@ -15,12 +14,7 @@ tf1 = tf.compat.v1
 FLAGS = flags.FLAGS
 
 
-@pytest.fixture(autouse=True)
-def parsed_flags():
-  if not FLAGS.is_parsed():
-    FLAGS(["test"])
-  with flagsaver.flagsaver():
-    yield
+pytestmark = pytest.mark.usefixtures("parsed_flags")
 
 
 def scalar_tags(directory):
