@@ -20,8 +20,11 @@ from estimator_multigpu import checkpoints
 pytestmark = pytest.mark.slow  # every test starts train.py.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# --verbosity=1: TensorFlow's own INFO lines ("Restoring parameters from")
+# say which checkpoint a run really restored.
 TRAIN = [sys.executable, os.path.join(ROOT, "train.py"), "--model_name=mlp",
-         "--log_every_n_steps=20", "--save_summary_steps=1000"]
+         "--log_every_n_steps=20", "--save_summary_steps=1000",
+         "--verbosity=1"]
 
 
 def run_train(model_dir, *args, timeout=240):
