@@ -20,8 +20,9 @@ gradients; it is used for TRAIN graphs only (`make_strategy`).
 Where the other round-2 features plug in, without touching a strategy:
 synchronized batch norm is a per-tower scope (`towers.build_towers`'
 `tower_scopes`) that exchanges moments between towers inside the forward
-pass; gradient accumulation wraps `apply_gradients` (sum the combined
-gradients into accumulators on the aggregation device, apply every k-th step).
+pass; gradient accumulation and float16 loss scaling wrap the apply
+(`updates.UpdateRule`: accumulators on the aggregation device, one update
+every k-th step; skip a non-finite one).
 """
 
 from __future__ import annotations
