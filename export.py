@@ -22,7 +22,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-import script_logging
+from cli import script_logging
 
 script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
 
@@ -31,11 +31,11 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 
-import checkpoint_flags
+from cli import checkpoint_flags
 import classifier
-import common_flags
+from cli import common_flags
 import datasets
-import flag_groups
+from cli import flag_groups
 
 FLAGS = flags.FLAGS
 tf1 = tf.compat.v1

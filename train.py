@@ -36,7 +36,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-import script_logging
+from cli import script_logging
 
 script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
 
@@ -51,11 +51,11 @@ from estimator_multigpu import scaling
 from estimator_multigpu.cluster import job_control
 
 import classifier
-import common_flags
+from cli import common_flags
 import datasets
-import flag_groups
-import run_checks
-import run_config
+from cli import flag_groups
+from cli import run_checks
+from cli import run_config
 
 FLAGS = flags.FLAGS
 

@@ -8,10 +8,10 @@ import sys
 from absl import flags
 import pytest
 
-import common_flags
+from cli import common_flags
 import eval as eval_script
 import export
-import flag_groups
+from cli import flag_groups
 import train
 
 FLAGS = flags.FLAGS
@@ -43,8 +43,8 @@ def module_flags(*modules):
 ])
 def test_help_lists_every_flag_of_the_script_in_groups(script, module,
                                                        expected_groups):
-  modules = [module, "common_flags"] + (
-      ["checkpoint_flags"] if module != "train" else [])
+  modules = [module, "cli.common_flags"] + (
+      ["cli.checkpoint_flags"] if module != "train" else [])
   text = flag_groups.help_text(script.__doc__, modules=modules)
   own = module_flags(*modules)
   assert flag_names(text) == own | {"verbosity"}
@@ -57,7 +57,7 @@ def test_help_lists_every_flag_of_the_script_in_groups(script, module,
 
 def test_model_group_comes_first_and_defaults_are_shown():
   text = flag_groups.help_text(train.__doc__, modules=["train",
-                                                       "common_flags"])
+                                                       "cli.common_flags"])
   model = text.index("Model:")
   assert model < text.index("--model_name") < text.index("Data:")
   assert text.index("Data:") < text.index("--dataset_dir") < text.index(

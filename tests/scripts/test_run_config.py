@@ -8,11 +8,11 @@ import pytest
 import tensorflow as tf
 
 import classifier
-import common_flags
+from cli import common_flags
 import datasets
-import run_checks
-import run_config
-import script_logging
+from cli import run_checks
+from cli import run_config
+from cli import script_logging
 import train
 
 FLAGS = flags.FLAGS

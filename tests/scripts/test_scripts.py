@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from estimator_multigpu import evaluation
 
-import common_flags
+from cli import common_flags
 import eval as eval_script
 import train
 import classifier

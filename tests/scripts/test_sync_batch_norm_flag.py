@@ -4,7 +4,7 @@ from absl import flags
 import pytest
 
 import estimator_multigpu as emg
-import common_flags
+from cli import common_flags
 import train
 
 FLAGS = flags.FLAGS

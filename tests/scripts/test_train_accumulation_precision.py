@@ -7,7 +7,7 @@ from absl import flags
 import pytest
 import tensorflow as tf
 
-import common_flags
+from cli import common_flags
 import train
 
 tf1 = tf.compat.v1

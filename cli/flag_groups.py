@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 from absl import app
 from absl import flags
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout.
 HELP_ARGS = ("--help", "-h", "-help", "-?", "--helpshort")
 OTHER = "Other"
 

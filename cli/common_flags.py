@@ -19,7 +19,7 @@ from estimator_multigpu import devices as devices_lib
 
 import datasets
 import nets
-import run_config
+from cli import run_config
 
 FLAGS = flags.FLAGS
 

@@ -1,0 +1,2 @@
+"""What train.py, eval.py and export.py share: flags, the model dir's record,
+run checks, quiet logs and grouped --help (the library defines no flags)."""
