@@ -4,14 +4,20 @@
 
 Everything else comes from the model_dir's run_config.json (written by
 train.py): the net, classes, image size and preprocessing. The SavedModel
-(in a numbered subdirectory of --export_dir, printed last) has a
-`serving_default` signature taking `images`, a float32 batch [N, H, W, C]
-of raw pixels (any N, H, W; the dataset's own range: 0..16 for digits,
-0..255 for images from TFRecords), which the graph resizes and scales as
-training did, and returning `classes` and `probabilities`. It holds no
-tower structure and no device placement: it serves on one CPU. The
-moving-average weights are exported when the checkpoint has them
-(--nouse_ema_weights: the raw ones).
+(in a numbered subdirectory of --export_dir, printed last) has two
+signatures, each returning `classes` and `probabilities`:
+
+  serving_default          `images`: a float32 batch [N, H, W, C] of raw
+                           pixels (any N, H, W) in the dataset's own range:
+                           0..16 for digits, 0..255 for TFRecord images.
+  encoded:serving_default  `image_bytes`: a string batch [N] of JPEG or PNG
+                           files (any mix, any sizes; 0..255 is black..white).
+
+The graph decodes, resizes and scales as training did, so one picture gets
+the same answer either way (a digits PNG holds round(pixel * 255 / 16);
+see serving.py). It holds no tower structure and no device placement: it
+serves on one CPU. The moving-average weights are exported when the
+checkpoint has them (--nouse_ema_weights: the raw ones).
 """
 
 from __future__ import annotations
@@ -36,31 +42,14 @@ import classifier
 from cli import common_flags
 import datasets
 from cli import flag_groups
+import serving
 
 FLAGS = flags.FLAGS
-tf1 = tf.compat.v1
-INPUT_NAME = "images"
 
 flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (a "
                     "numbered subdirectory is created).")
 flags.DEFINE_string("checkpoint_path", None, "Checkpoint to export "
                     "(default: the latest in --model_dir).")
-
-
-def serving_input_fn(image_size: int, preprocessing: dict):
-  """Raw pixels in, the net's input out: resize and scale in the graph."""
-  channels = preprocessing.get("channels")
-  scale = preprocessing.get("pixel_scale", 1.0)
-
-  def input_fn():
-    images = tf1.placeholder(tf.float32, [None, None, None, channels],
-                             name=INPUT_NAME)
-    resized = tf.image.resize(images, [image_size, image_size],
-                              method=tf.image.ResizeMethod.BILINEAR)
-    return tf.estimator.export.TensorServingInputReceiver(
-        resized * scale, {INPUT_NAME: images})
-
-  return input_fn
 
 
 def build_estimator(config: classifier.ClassifierConfig, model_dir: str,
@@ -102,7 +91,7 @@ def export(model_dir: str, export_dir: str,
                preprocessing.get("pixel_scale", 1.0))
   estimator = build_estimator(setup.classifier_config(), model_dir, use_ema)
   path = estimator.export_saved_model(
-      export_dir, serving_input_fn(setup.image_size, preprocessing),
+      export_dir, serving.receiver_fn(setup.image_size, preprocessing),
       checkpoint_path=checkpoint)
   return path.decode() if isinstance(path, bytes) else path
 

@@ -1,0 +1,115 @@
+"""What an exported classifier takes: raw pixels, or encoded JPEG/PNG bytes.
+
+export.py writes one SavedModel with two signatures; both return `classes`
+(int32 [N]) and `probabilities` (float32 [N, num_classes]):
+
+- `serving_default` takes `images`: a float32 batch [N, H, W, C] of raw
+  pixels in the dataset's own range (0..16 for digits, 0..255 for images
+  from TFRecords, 0..1 for synthetic), any N, H and W. The graph resizes
+  them (bilinear) to the image size and scales them as training did.
+- `encoded:serving_default` takes `image_bytes`: a string vector [N] of
+  encoded images (JPEG, PNG, GIF or BMP, 8- or 16-bit, any mix and any
+  sizes). Each is decoded to the dataset's channel count, read as the full
+  range of its format (0 black, 255 or 65535 white), resized, brought to the
+  dataset's raw range (x 16 for digits, x 255 for TFRecord images) and then
+  preprocessed exactly as `images`. The name is Estimator's for a receiver
+  alternative: `<receiver>:<export output>`.
+
+So one picture gives the net the same input through either signature. For
+TFRecord-trained nets an ordinary photo is what training decoded. A PNG of
+a digits image (raw k in 0..16) stores round(k * 255 / 16); the raw
+signature given that PNG's pixels x 16 / 255 answers identically, and the
+rounding moves the net's input by at most 0.5 / 255 from k / 16.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+RAW_INPUT = "images"
+ENCODED_INPUT = "image_bytes"
+ENCODED_RECEIVER = "encoded"
+RAW_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+ENCODED_SIGNATURE = f"{ENCODED_RECEIVER}:{RAW_SIGNATURE}"
+
+
+def raw_net_input(images: tf.Tensor, image_size: int,
+                  pixel_scale: float) -> tf.Tensor:
+  """Raw pixels [N, H, W, C] to the net's input [N, S, S, C]: resize, scale."""
+  resized = tf.image.resize(images, [image_size, image_size],
+                            method=tf.image.ResizeMethod.BILINEAR)
+  return resized * pixel_scale
+
+
+def decode_images(image_bytes: tf.Tensor, image_size: int,
+                  channels: int) -> tf.Tensor:
+  """Encoded images [N] to float32 [N, S, S, C] in [0, 1] (format's range).
+
+  Each image is decoded and resized on its own, so sizes may differ.
+  """
+  def decode(one: tf.Tensor) -> tf.Tensor:
+    image = tf.io.decode_image(one, channels=channels, dtype=tf.float32,
+                               expand_animations=False)
+    return tf.image.resize(image, [image_size, image_size],
+                           method=tf.image.ResizeMethod.BILINEAR)
+
+  spec = tf.TensorSpec([image_size, image_size, channels], tf.float32)
+  return tf.map_fn(decode, image_bytes, fn_output_signature=spec)
+
+
+def encoded_net_input(image_bytes: tf.Tensor, image_size: int, channels: int,
+                      pixel_scale: float) -> tf.Tensor:
+  """Encoded images [N] to the net's input: decoded, in the raw range, raw path.
+
+  The decoded [0, 1] picture is multiplied by the dataset's white level
+  (1 / pixel_scale: 16 for digits, 255 for TFRecord images), so it then goes
+  through `raw_net_input` like raw pixels of the same picture.
+  """
+  decoded = decode_images(image_bytes, image_size, channels)
+  return raw_net_input(decoded * (1.0 / pixel_scale), image_size, pixel_scale)
+
+
+def check_preprocessing(preprocessing: dict) -> tuple:
+  """`(channels, pixel_scale)` of a dataset's preprocessing dict.
+
+  Raises:
+    ValueError: a field is missing or not positive.
+  """
+  channels = preprocessing.get("channels")
+  scale = preprocessing.get("pixel_scale", 1.0)
+  if not isinstance(channels, int) or channels < 1 or not scale > 0:
+    raise ValueError(
+        f"The preprocessing is {preprocessing!r}; expected a positive int "
+        "`channels` and a positive `pixel_scale`, as datasets.preprocessing("
+        "name) returns. Re-run train.py to rewrite run_config.json.")
+  return channels, float(scale)
+
+
+def receiver_fn(image_size: int, preprocessing: dict
+                ) -> Callable[[], tf.estimator.export.TensorServingInputReceiver]:
+  """The serving input function of export: raw `images`, or `image_bytes`.
+
+  Both inputs are `placeholder_with_default`s of an empty batch, and the
+  net's input is the two preprocessed batches one after the other: each
+  signature feeds one of them and the other adds nothing.
+  """
+  channels, scale = check_preprocessing(preprocessing)
+
+  def input_fn() -> tf.estimator.export.TensorServingInputReceiver:
+    images = tf1.placeholder_with_default(
+        tf.zeros([0, image_size, image_size, channels]),
+        [None, None, None, channels], name=RAW_INPUT)
+    image_bytes = tf1.placeholder_with_default(
+        tf.zeros([0], tf.string), [None], name=ENCODED_INPUT)
+    features = tf.concat(
+        [raw_net_input(images, image_size, scale),
+         encoded_net_input(image_bytes, image_size, channels, scale)], 0)
+    return tf.estimator.export.TensorServingInputReceiver(
+        features, {RAW_INPUT: images},
+        {ENCODED_RECEIVER: {ENCODED_INPUT: image_bytes}})
+
+  return input_fn
