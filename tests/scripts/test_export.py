@@ -102,3 +102,71 @@ def test_bad_preprocessing_says_what_and_how_to_fix(preprocessing):
   with pytest.raises(ValueError, match=r"The preprocessing is .*expected a "
                      r"positive int `channels`.*Re-run train.py"):
     serving.receiver_fn(8, preprocessing)
+
+
+def run(*command):
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result.stdout
+
+
+def run_script(script, *args):
+  return run(sys.executable, os.path.join(ROOT, script), *args)
+
+
+def saved_model_cli_run(saved_model, signature, inputs, tmp_path):
+  """`saved_model_cli run` on {input name: array}; the outputs it saved."""
+  args = []
+  for name, array in inputs.items():
+    path = tmp_path / f"{name}.npy"
+    np.save(path, array, allow_pickle=True)
+    args.append(f"{name}={path}")
+  outdir = tmp_path / "cli_outputs"
+  cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+  run(cli, "run", "--dir", saved_model, "--tag_set", "serve",
+      "--signature_def", signature, "--inputs", ";".join(args),
+      "--outdir", str(outdir))
+  return {name: np.load(outdir / f"{name}.npy")
+          for name in ("classes", "probabilities")}
+
+
+@pytest.mark.slow
+def test_export_serves_raw_and_encoded_images_with_evals_answers(tmp_path):
+  model_dir = str(tmp_path / "run")
+  run_script("train.py", "--model_name=mlp", f"--model_dir={model_dir}",
+             "--max_steps=30")
+  metrics = run_script("eval.py", f"--model_dir={model_dir}", "--once")
+  accuracy = float(metrics.split("accuracy=")[1].split()[0])
+  saved_model = run_script("export.py", f"--model_dir={model_dir}",
+                           f"--export_dir={tmp_path / 'export'}"
+                           ).strip().splitlines()[-1]
+
+  loaded = tf.saved_model.load(saved_model)
+  assert set(loaded.signatures) == {serving.RAW_SIGNATURE,
+                                    serving.ENCODED_SIGNATURE}
+  raw_fn = loaded.signatures[serving.RAW_SIGNATURE]
+  encoded_fn = loaded.signatures[serving.ENCODED_SIGNATURE]
+  raw, pixels = digits_pictures(360)  # the whole held-out split.
+  _, labels = datasets.load_digits_split("eval")
+  served = raw_fn(images=tf.constant(raw))
+  assert (served["classes"].numpy() == labels).mean() == pytest.approx(
+      accuracy, abs=1e-4)  # eval.py prints 4 decimals.
+  # The same PNG pictures through the raw signature, x 16 / 255 (digits).
+  expected = raw_fn(images=tf.constant(pixels * np.float32(16 / 255)))
+  files = encode(pixels)
+  for batch in (1, 7):
+    np.testing.assert_allclose(
+        raw_fn(images=tf.constant(raw[:batch]))["probabilities"],
+        served["probabilities"][:batch], atol=1e-5)
+    answer = encoded_fn(image_bytes=tf.constant(files[:batch]))
+    np.testing.assert_allclose(answer["probabilities"],
+                               expected["probabilities"][:batch], atol=1e-5)
+    np.testing.assert_array_equal(answer["classes"],
+                                  expected["classes"][:batch])
+
+  cli = saved_model_cli_run(saved_model, serving.ENCODED_SIGNATURE, {
+      serving.ENCODED_INPUT: np.array(files[:7], dtype=object)}, tmp_path)
+  np.testing.assert_allclose(cli["probabilities"],
+                             expected["probabilities"][:7], atol=1e-5)
+  np.testing.assert_array_equal(cli["classes"], expected["classes"][:7])
