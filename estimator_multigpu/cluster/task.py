@@ -113,6 +113,9 @@ def task_from_flags(ps_hosts: Sequence[str], worker_hosts: Sequence[str],
 def task_from_tf_config(text: str) -> Optional[Task]:
   """The task TF_CONFIG describes; None when it has no cluster (local run).
 
+  An `evaluator` job in the cluster (Kubeflow's TFJob lists it) is dropped:
+  the evaluator is not part of the training cluster.
+
   Raises:
     ValueError: TF_CONFIG is not JSON or does not describe a ps cluster.
   """
@@ -124,11 +127,37 @@ def task_from_tf_config(text: str) -> Optional[Task]:
                      "\"ps\": [\"ps0:2222\"]}, \"task\": {\"type\": "
                      "\"chief\", \"index\": 0}}") from error
   if not config.get("cluster"):
+    _check_not_sparse(config)
     return None
   task = config.get("task") or {}
-  cluster = {job: list(hosts) for job, hosts in config["cluster"].items()}
-  return check_task(Task(cluster, task.get("type"),
-                         int(task.get("index", 0))))
+  return check_task(Task(training_cluster(config["cluster"]),
+                         task.get("type"), int(task.get("index", 0))))
+
+
+def _check_not_sparse(config: dict) -> None:
+  """Raises for a TFJob's sparse TF_CONFIG, which is not a local run."""
+  if config.get("sparseCluster"):
+    raise ValueError(
+        "TF_CONFIG has a `sparseCluster` and no `cluster` (a Kubeflow TFJob "
+        "with enableDynamicWorker: true); every task here needs the whole "
+        "cluster (the chief's address, all ps): set enableDynamicWorker: "
+        "false.")
+
+
+def training_cluster(cluster: dict) -> dict:
+  """`cluster` as job -> address list, without its `evaluator` job.
+
+  Raises:
+    ValueError: it lists more than one evaluator.
+  """
+  evaluators = list(cluster.get(EVALUATOR, []))
+  if len(evaluators) > 1:
+    raise ValueError(
+        f"The cluster lists {len(evaluators)} evaluators ({evaluators}); "
+        "expected at most one: each would evaluate every checkpoint into "
+        "the same model_dir/eval. Keep one (TFJob: Evaluator replicas: 1).")
+  return {job: list(hosts) for job, hosts in cluster.items()
+          if job != EVALUATOR}
 
 
 def check_task(task: Task) -> Task:
@@ -140,8 +169,9 @@ def check_task(task: Task) -> Task:
         f"The cluster has jobs {sorted(task.cluster)} with "
         f"{len(task.cluster.get(CHIEF, []))} chief(s) and "
         f"{len(task.cluster.get(PS, []))} ps; expected exactly one chief, at "
-        "least one ps and optionally workers (rename a `master` job to "
-        "`chief`; without ps tasks, train on one machine instead).")
+        "least one ps and optionally workers (a TFJob needs a Chief replica "
+        "spec with replicas: 1; rename a `master` job to `chief`; without ps "
+        "tasks, train on one machine instead).")
   if task.type not in TASK_TYPES:
     raise ValueError(f"The task type is {task.type!r}; expected one of "
                      f"{', '.join(TASK_TYPES)}.")
