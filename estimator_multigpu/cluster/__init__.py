@@ -7,6 +7,8 @@
   reporting to the ps, the ps watchdog, `run_trainer`).
 - `launch`: `python -m estimator_multigpu.cluster.launch` starts a whole job
   on one machine (loopback), for trying and testing.
+- `slurm`: `python -m estimator_multigpu.cluster.slurm` prints the TF_CONFIG
+  of a task of a Slurm job (docs/cluster/slurm.sbatch).
 
 The task names are re-exported here: `cluster.Task`, `cluster.PS`, ...
 """
