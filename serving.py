@@ -29,6 +29,7 @@ from typing import Callable
 import tensorflow as tf
 
 tf1 = tf.compat.v1
+Receiver = tf.estimator.export.TensorServingInputReceiver
 
 RAW_INPUT = "images"
 ENCODED_INPUT = "image_bytes"
@@ -90,7 +91,7 @@ def check_preprocessing(preprocessing: dict) -> tuple:
 
 
 def receiver_fn(image_size: int, preprocessing: dict
-                ) -> Callable[[], tf.estimator.export.TensorServingInputReceiver]:
+                ) -> Callable[[], Receiver]:
   """The serving input function of export: raw `images`, or `image_bytes`.
 
   Both inputs are `placeholder_with_default`s of an empty batch, and the
@@ -99,7 +100,7 @@ def receiver_fn(image_size: int, preprocessing: dict
   """
   channels, scale = check_preprocessing(preprocessing)
 
-  def input_fn() -> tf.estimator.export.TensorServingInputReceiver:
+  def input_fn() -> Receiver:
     images = tf1.placeholder_with_default(
         tf.zeros([0, image_size, image_size, channels]),
         [None, None, None, channels], name=RAW_INPUT)
@@ -108,7 +109,7 @@ def receiver_fn(image_size: int, preprocessing: dict
     features = tf.concat(
         [raw_net_input(images, image_size, scale),
          encoded_net_input(image_bytes, image_size, channels, scale)], 0)
-    return tf.estimator.export.TensorServingInputReceiver(
+    return Receiver(
         features, {RAW_INPUT: images},
         {ENCODED_RECEIVER: {ENCODED_INPUT: image_bytes}})
 

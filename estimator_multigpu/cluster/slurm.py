@@ -2,7 +2,9 @@
 
 In an sbatch script every task that `srun` starts (one per node) runs
 
-    export TF_CONFIG="$(python -m estimator_multigpu.cluster.slurm --num_ps=2 --evaluator)"
+    TF_CONFIG="$(python -m estimator_multigpu.cluster.slurm --num_ps=2 \\
+        --evaluator)" || exit   # `export X=$(...)` would hide a failure.
+    export TF_CONFIG
     exec python train.py <the job's flags>
 
 (docs/cluster/slurm.sbatch). The nodes are `scontrol show hostnames

@@ -1,4 +1,4 @@
-"""docs/cluster's Kubeflow TFJob and Slurm script start docs/distributed.md's job.
+"""docs/cluster's TFJob and Slurm script start docs/distributed.md's job.
 
 No cluster and no network: the TFJob manifest is read and given the TF_CONFIG
 Kubeflow's controller would set in each pod; the Slurm script's TF_CONFIG
@@ -12,6 +12,8 @@ import os
 import pathlib
 import re
 import shlex
+import subprocess
+import sys
 
 import pytest
 import tensorflow as tf
@@ -136,7 +138,7 @@ def fixture_fake_scontrol(tmp_path, monkeypatch):
 
 
 def sbatch_helper_args() -> list:
-  """The arguments the sbatch script gives `estimator_multigpu.cluster.slurm`."""
+  """The arguments the sbatch script gives the `cluster.slurm` helper."""
   script = SBATCH.read_text()
   assert f"#SBATCH --nodes={len(NODES)}\n" in script
   assert "#SBATCH --ntasks-per-node=1\n" in script
@@ -208,3 +210,37 @@ def test_slurm_mistakes_are_one_line_and_status_2(args, env, message, capsys):
 def test_what_a_tfjob_can_give_but_train_py_cannot_run(tf_config, message):
   with pytest.raises(ValueError, match=message):
     cluster.resolve_task(None, None, None, 0, json.dumps(tf_config))
+
+
+@pytest.mark.slow
+def test_the_sbatch_script_gives_each_task_its_tf_config(tmp_path):
+  """The script itself, under bash with a fake srun, scontrol and train.py."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  fakes = {
+      "scontrol": 'printf "%s\\n" n1 n2 n3 n4 n5 n6',
+      # One task per rank in $RANKS; the first failure is srun's status.
+      "srun": 'shift; for r in $RANKS; do SLURM_PROCID=$r "$@" || exit; done',
+      # `python -m ...` is the real one; `python train.py` prints its input.
+      "python": f'[ "$1" = -m ] && exec {sys.executable} "$@"; '
+                'echo "$TF_CONFIG"; echo "$*"'}
+  for name, body in fakes.items():
+    (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+    (bin_dir / name).chmod(0o755)
+  env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
+             PYTHONPATH=str(DOCS.parent), SLURM_JOB_NODELIST="n[1-6]",
+             SLURM_NTASKS="6", RANKS="1")
+  done = subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert done.returncode == 0, done.stderr
+  tf_config, command = done.stdout.splitlines()
+  assert command.split() == ["train.py", *doc_job()[0]]
+  worker = cluster.resolve_task(None, None, None, 0, tf_config)
+  assert worker.device == "/job:worker/task:0"  # rank 1: the first worker.
+  assert worker.cluster["ps"] == ["n4:2222", "n5:2222"]
+  # A helper error ends the task before train.py, with status 2.
+  failed = subprocess.run(["bash", str(SBATCH)], env=dict(
+      env, SLURM_NTASKS="12", RANKS="0"), capture_output=True, text=True,
+                          timeout=120, check=False)
+  assert failed.returncode == 2 and not failed.stdout
+  assert "expected one task per node" in failed.stderr
