@@ -19,7 +19,10 @@ So one picture gives the net the same input through either signature. For
 TFRecord-trained nets an ordinary photo is what training decoded. A PNG of
 a digits image (raw k in 0..16) stores round(k * 255 / 16); the raw
 signature given that PNG's pixels x 16 / 255 answers identically, and the
-rounding moves the net's input by at most 0.5 / 255 from k / 16.
+rounding moves the net's input by at most 0.5 / 255 from k / 16. JPEG is
+lossy: the answer is the raw signature's on the decoded pixels (measured on
+8x8 digits at quality 95: probabilities within 0.03, 4 of 360 classes
+changed, for a 30-step mlp).
 """
 
 from __future__ import annotations
