@@ -117,8 +117,9 @@ def check_scopes_match(flag: str, scopes: Sequence[str], names: Sequence[str],
     if not any(matches(name, scope) for name in names):
       raise ValueError(
           f"--{flag}: {scope!r} matches no variable of the net; expected "
-          f"one of its scopes: {_listed(_scopes_of(names))}. Fix the "
-          f"scope or drop it from --{flag}.")
+          f"one of its scopes: {_listed(_scopes_of(names))} (a scope "
+          f"matches from the start of a name). Fix the scope or drop it "
+          f"from --{flag}.")
 
 
 def excluded(name: str, scope: str) -> bool:
@@ -181,8 +182,9 @@ def _check_shapes(checkpoint: str, variables: Sequence[NetVariable],
                        f" {list(v.shape)} in the net" for v in wrong)
     raise ValueError(
         f"--checkpoint_path={checkpoint} has other shapes than the net for "
-        f"{len(wrong)} variable(s): {shapes}. A new class count changes the "
-        "logits: do not restore them with --checkpoint_exclude_scopes="
+        f"{len(wrong)} variable(s): {shapes} (a new class count changes "
+        "the logits). To start them fresh instead of restoring them, pass "
+        "--checkpoint_exclude_scopes="
         f"{','.join(_scopes_of([v.name for v in wrong]))}.")
 
 

@@ -10,6 +10,7 @@ variables moved is read back from the checkpoints with
 
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -132,3 +133,220 @@ def test_fine_tune_restores_freezes_and_trains_the_right_variables(
   # Optimizer slots exist for the trained variables only.
   assert {f"{name}/Momentum" for name in names_under(TRAINED + (LOGITS,))} \
       == {name for name in stored if name.endswith("/Momentum")}
+
+
+# LeNet on the 8x8x1 digits with 10 classes, by hand: 5x5 convolutions of 32
+# and 64 filters; two SAME 2x2 poolings take 8x8 to 2x2, so fc3 sees
+# 2 * 2 * 64 = 256 inputs; fc3 has 512 units.
+LENET_SHAPES = {
+    "LeNet/conv1/weights": (5, 5, 1, 32), "LeNet/conv1/biases": (32,),
+    "LeNet/conv2/weights": (5, 5, 32, 64), "LeNet/conv2/biases": (64,),
+    "LeNet/fc3/weights": (256, 512), "LeNet/fc3/biases": (512,),
+    "LeNet/fc4/weights": (512, 10), "LeNet/fc4/biases": (10,)}
+
+
+def save_checkpoint(prefix, shapes):
+  """A checkpoint of zeros with these variable names and shapes."""
+  with tf.Graph().as_default():
+    variables = {name: tf1.Variable(tf.zeros(shape), name="v")
+                 for name, shape in shapes.items()}
+    with tf1.Session() as session:
+      session.run(tf1.global_variables_initializer())
+      return tf1.train.Saver(variables).save(session, prefix)
+
+
+def fine_tune_plan(tmp_path, checkpoint_path, **flag_values):
+  """`fine_tuning.from_flags` for LeNet on the digits, in a new model_dir."""
+  give_fine_tuning_flags(checkpoint_path, **flag_values)
+  return fine_tuning.from_flags(lenet_config(TARGET_CLASSES), None,
+                                str(tmp_path / "new"), digits_input_fn())
+
+
+def test_net_variables_are_the_one_device_names_and_shapes():
+  variables = fine_tuning.net_variables(lenet_config(10), digits_input_fn())
+  assert {v.name: v.shape for v in variables} == LENET_SHAPES
+  assert all(v.trainable and v.averaged for v in variables)
+
+
+def test_warm_start_restores_exactly_the_net_and_starts_the_averages(
+    tmp_path):
+  checkpoint = save_checkpoint(str(tmp_path / "src" / "model.ckpt-3"),
+                               LENET_SHAPES)
+  _, settings = fine_tune_plan(tmp_path, str(tmp_path / "src"))
+  assert settings.ckpt_to_initialize_from == checkpoint  # the dir's latest.
+  names = list(LENET_SHAPES)
+  shadows = [f"{name}/ExponentialMovingAverage" for name in names]
+  others = ["global_step", "LeNet/fc4/weights/Momentum",
+            "tower_1/LeNet/fc4/weights", "LeNet/fc4/weights_1"]
+  # Estimator matches each pattern with re.match on `<name>:0`.
+  matched = {name for name in names + shadows + others
+             if any(re.match(pattern, name + ":0")
+                    for pattern in settings.vars_to_warm_start)}
+  assert matched == set(names + shadows)
+  # Each shadow starts from its variable's value, not the source's shadow.
+  assert settings.var_name_to_prev_var_name == dict(zip(shadows, names))
+
+
+def without(shapes, scope):
+  return {name: shape for name, shape in shapes.items()
+          if not name.startswith(scope)}
+
+
+def test_another_class_count_not_excluded_names_the_shapes_and_the_flag(
+    tmp_path):
+  shapes = {**LENET_SHAPES, "LeNet/fc4/weights": (512, 12),
+            "LeNet/fc4/biases": (12,)}
+  checkpoint = save_checkpoint(str(tmp_path / "model.ckpt-1"), shapes)
+  with pytest.raises(ValueError) as error:
+    fine_tune_plan(tmp_path, checkpoint)
+  message = str(error.value)
+  assert "LeNet/fc4/weights: [512, 12] in the checkpoint, [512, 10] in " \
+      "the net" in message
+  assert "LeNet/fc4/biases: [12] in the checkpoint, [10] in the net" in message
+  assert "--checkpoint_exclude_scopes=LeNet/fc4" in message
+
+
+def test_a_missing_variable_is_an_error_naming_it_and_the_flags(tmp_path):
+  checkpoint = save_checkpoint(str(tmp_path / "model.ckpt-1"),
+                               without(LENET_SHAPES, "LeNet/fc3"))
+  with pytest.raises(ValueError, match=(
+      r"lacks 2 variable\(s\) of the net: LeNet/fc3/weights, "
+      r"LeNet/fc3/biases .* --checkpoint_exclude_scopes=LeNet/fc3, or pass "
+      r"--ignore_missing_vars")):
+    fine_tune_plan(tmp_path, checkpoint)
+
+
+def test_ignore_missing_vars_skips_them_with_a_log_line(tmp_path, caplog):
+  checkpoint = save_checkpoint(str(tmp_path / "model.ckpt-1"),
+                               without(LENET_SHAPES, "LeNet/fc3"))
+  caplog.set_level("INFO")
+  _, settings = fine_tune_plan(tmp_path, checkpoint, ignore_missing=True)
+  assert "LeNet/fc3/weights, LeNet/fc3/biases" in caplog.text
+  restored = {name for name in LENET_SHAPES
+              if any(re.match(pattern, name + ":0")
+                     for pattern in settings.vars_to_warm_start)}
+  assert restored == set(without(LENET_SHAPES, "LeNet/fc3"))
+
+
+def test_another_nets_checkpoint_restores_nothing_is_an_error(tmp_path):
+  checkpoint = save_checkpoint(str(tmp_path / "model.ckpt-1"),
+                               {"MLP/fc1/weights": (64, 10)})
+  with pytest.raises(ValueError, match="holds none of the variables to "
+                     "restore .* another net's"):
+    fine_tune_plan(tmp_path, checkpoint, ignore_missing=True)
+
+
+@pytest.mark.parametrize("path,expected", [
+    ("nowhere/model.ckpt-5", r"nowhere/model.ckpt-5 is not a checkpoint: "
+     r"nowhere/model.ckpt-5.index does not exist"),
+    ("{src}/model.ckpt-1.index", r"directory holding checkpoints; here: "
+     r".*/src/model.ckpt-1\."),
+    ("{empty}", r"is a directory without a checkpoint"),
+])
+def test_a_bad_checkpoint_path_says_what_a_checkpoint_is(tmp_path, path,
+                                                         expected):
+  save_checkpoint(str(tmp_path / "src" / "model.ckpt-1"), LENET_SHAPES)
+  (tmp_path / "empty").mkdir()
+  path = path.format(src=tmp_path / "src", empty=tmp_path / "empty")
+  with pytest.raises(FileNotFoundError, match=expected):
+    fine_tune_plan(tmp_path, path)
+
+
+@pytest.mark.parametrize("flag_values,expected", [
+    ({"exclude": ["LeNet/logits"]}, r"--checkpoint_exclude_scopes: "
+     r"'LeNet/logits' matches no variable of the net; expected one of its "
+     r"scopes: LeNet/conv1, LeNet/conv2, LeNet/fc3, LeNet/fc4 "),
+    ({"trainable": ["Lenet/fc4"]}, r"--trainable_scopes: 'Lenet/fc4' "
+     r"matches no variable"),
+])
+def test_a_scope_that_matches_nothing_is_an_error(tmp_path, flag_values,
+                                                  expected):
+  checkpoint = save_checkpoint(str(tmp_path / "model.ckpt-1"), LENET_SHAPES)
+  with pytest.raises(ValueError, match=expected):
+    fine_tune_plan(tmp_path, checkpoint, **flag_values)
+
+
+def test_restore_flags_without_checkpoint_path_are_an_error(tmp_path):
+  with pytest.raises(ValueError, match=r"--checkpoint_exclude_scopes is "
+                     r"given, but .* drop --checkpoint_exclude_scopes"):
+    fine_tune_plan(tmp_path, None, exclude=[LOGITS])
+
+
+def test_a_resume_ignores_checkpoint_path_with_an_info_line(tmp_path, caplog):
+  model_dir = tmp_path / "new"
+  save_checkpoint(str(model_dir / "model.ckpt-7"), LENET_SHAPES)
+  caplog.set_level("INFO")
+  config, settings = fine_tune_plan(tmp_path, "nowhere/model.ckpt-5")
+  assert settings is None and config.trainable_scopes == ()
+  assert (f"Ignoring --checkpoint_path=nowhere/model.ckpt-5: --model_dir="
+          f"{model_dir} already has a checkpoint") in caplog.text
+
+
+def test_trainable_scopes_are_recorded_and_kept_on_a_resume(tmp_path):
+  model_dir = str(tmp_path / "new")
+  save_checkpoint(os.path.join(model_dir, "model.ckpt-7"), LENET_SHAPES)
+  record = run_config.RunRecord(
+      classifier=lenet_config(10, trainable_scopes=[LOGITS]), image_size=8,
+      dataset_name="digits")
+  run_config.write(model_dir, record)
+  recorded = run_config.read(model_dir)
+  assert recorded == record and recorded.classifier.trainable_scopes == (
+      LOGITS,)
+  give_fine_tuning_flags(None)  # resumed without --trainable_scopes.
+  assert fine_tuning.trainable_scopes(recorded, model_dir) == (LOGITS,)
+  FLAGS.trainable_scopes = []  # --trainable_scopes= : train every variable.
+  assert fine_tuning.trainable_scopes(recorded, model_dir) == ()
+
+
+class CountRuns(tf1.train.SessionRunHook):
+  """Counts the session runs of the eval loop (one per batch)."""
+
+  def __init__(self):
+    self.count = 0
+
+  def after_run(self, run_context, run_values):
+    self.count += 1
+
+
+@pytest.mark.parametrize("max_batches", [2, None])
+def test_eval_max_num_batches_runs_at_most_that_many(source, max_batches):
+  eval_batch = 64
+  config = lenet_config(SOURCE_CLASSES)
+  towers = common_flags.resolve_towers(None, None, 2)
+  estimator = eval_script.build_estimator(towers, config, source, True)
+  input_fn = datasets.make_input_fn("digits", "eval", eval_batch)
+  counter = CountRuns()
+  metrics = eval_script.evaluate(
+      estimator, input_fn, os.path.join(source, f"model.ckpt-{SOURCE_STEPS}"),
+      None, max_batches, hooks=[counter])
+  # The whole split is ceil(examples / 64) batches (the last one partial).
+  whole = math.ceil(len(datasets.load_digits_split("eval")[1]) / eval_batch)
+  assert whole > 2
+  assert counter.count == (max_batches or whole)
+  assert metrics["global_step"] == SOURCE_STEPS
+
+
+def test_eval_checkpoint_path_picks_one_checkpoint_and_its_model_dir(
+    tmp_path):
+  first = save_checkpoint(str(tmp_path / "run" / "model.ckpt-1"),
+                          LENET_SHAPES)
+  latest = save_checkpoint(str(tmp_path / "run" / "model.ckpt-2"),
+                           LENET_SHAPES)
+  run_dir = str(tmp_path / "run")
+  assert eval_script.checkpoint_and_model_dir(first, "runs/digits", False) \
+      == (first, run_dir)
+  assert eval_script.checkpoint_and_model_dir(run_dir, "runs/digits", False) \
+      == (latest, run_dir)
+  assert eval_script.checkpoint_and_model_dir(first, "elsewhere", True) == (
+      first, "elsewhere")
+  assert eval_script.checkpoint_and_model_dir(None, "elsewhere", False) == (
+      None, "elsewhere")
+  with pytest.raises(FileNotFoundError, match="is not a checkpoint"):
+    eval_script.checkpoint_and_model_dir(first + "0", "runs/digits", False)
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_eval_max_num_batches_must_be_positive(bad):
+  with pytest.raises(flags.IllegalFlagValueError,
+                     match="expected a number of batches > 0"):
+    FLAGS.max_num_batches = bad
