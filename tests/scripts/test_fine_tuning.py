@@ -146,9 +146,11 @@ LENET_SHAPES = {
 
 
 def save_checkpoint(prefix, shapes):
-  """A checkpoint of zeros with these variable names and shapes."""
+  """A checkpoint of random values with these variable names and shapes."""
+  rng = np.random.default_rng(0)
   with tf.Graph().as_default():
-    variables = {name: tf1.Variable(tf.zeros(shape), name="v")
+    variables = {name: tf1.Variable(
+        0.1 * rng.standard_normal(shape).astype(np.float32), name="v")
                  for name, shape in shapes.items()}
     with tf1.Session() as session:
       session.run(tf1.global_variables_initializer())
@@ -242,7 +244,7 @@ def test_another_nets_checkpoint_restores_nothing_is_an_error(tmp_path):
     ("{src}/model.ckpt-1.index", r"directory holding checkpoints; here: "
      r".*/src/model.ckpt-1\."),
     ("{empty}", r"is a directory without a checkpoint"),
-])
+], ids=["nowhere", "index_file", "empty_dir"])
 def test_a_bad_checkpoint_path_says_what_a_checkpoint_is(tmp_path, path,
                                                          expected):
   save_checkpoint(str(tmp_path / "src" / "model.ckpt-1"), LENET_SHAPES)
@@ -258,7 +260,7 @@ def test_a_bad_checkpoint_path_says_what_a_checkpoint_is(tmp_path, path,
      r"scopes: LeNet/conv1, LeNet/conv2, LeNet/fc3, LeNet/fc4 "),
     ({"trainable": ["Lenet/fc4"]}, r"--trainable_scopes: 'Lenet/fc4' "
      r"matches no variable"),
-])
+], ids=["exclude", "trainable"])
 def test_a_scope_that_matches_nothing_is_an_error(tmp_path, flag_values,
                                                   expected):
   checkpoint = save_checkpoint(str(tmp_path / "model.ckpt-1"), LENET_SHAPES)
@@ -350,3 +352,39 @@ def test_eval_max_num_batches_must_be_positive(bad):
   with pytest.raises(flags.IllegalFlagValueError,
                      match="expected a number of batches > 0"):
     FLAGS.max_num_batches = bad
+
+
+def run_script(script, *args):
+  result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+@pytest.mark.slow
+def test_scripts_fine_tune_a_new_class_count_then_evaluate_one_checkpoint(
+    tmp_path):
+  data = ["--model_name=lenet", "--dataset_name=synthetic", "--image_size=8",
+          "--batch_size=8", "--virtual_cpus=2"]
+  source, target = str(tmp_path / "source"), str(tmp_path / "target")
+  # A LeNet of 12 classes on 8x8 RGB images (synthetic data has 3 channels).
+  save_checkpoint(os.path.join(source, "model.ckpt-4"), {
+      **LENET_SHAPES, "LeNet/conv1/weights": (5, 5, 3, 32),
+      "LeNet/fc4/weights": (512, 12), "LeNet/fc4/biases": (12,)})
+  tuned = run_script(
+      "train.py", *data, "--num_classes=5", "--max_steps=3",
+      f"--model_dir={target}", f"--checkpoint_path={source}",
+      f"--checkpoint_exclude_scopes={LOGITS}", f"--trainable_scopes={LOGITS}")
+  # LeNet has 4 layers of weights and biases; the 2 of fc4 are excluded.
+  assert (f"Fine-tuning from {source}/model.ckpt-4: 6 of the net's 8 "
+          "variables restored; fresh: LeNet/fc4/weights, LeNet/fc4/biases"
+          in tuned.stderr)
+  assert run_config.read(target).classifier.trainable_scopes == (LOGITS,)
+  for name in names_under(FROZEN + TRAINED):  # frozen at the source's value.
+    np.testing.assert_array_equal(
+        value(os.path.join(target, "model.ckpt-3"), name),
+        value(os.path.join(source, "model.ckpt-4"), name))
+  evaluated = run_script("eval.py", f"--checkpoint_path={target}",
+                         "--max_num_batches=2")
+  assert "global_step=3" in evaluated.stdout.strip().splitlines()[-1]
