@@ -46,6 +46,10 @@ class ClassifierConfig:
   trainable_scopes: tuple = ()  # slim's: train only these; () trains all.
 
   def __post_init__(self):
+    if isinstance(self.trainable_scopes, str):
+      raise TypeError(f"`trainable_scopes` is the string "
+                      f"{self.trainable_scopes!r}; expected a sequence of "
+                      f"scopes, e.g. ({self.trainable_scopes!r},).")
     object.__setattr__(self, "trainable_scopes",  # a JSON list: a tuple.
                        tuple(self.trainable_scopes))
     _check_choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -193,9 +197,10 @@ def variables_to_train(scopes: tuple) -> Optional[list]:
       v.op.name[len(prefix):] if v.op.name.startswith(prefix) else v.op.name,
       scopes)]
   if not selected:
+    some = ", ".join(v.op.name for v in tf1.trainable_variables()[:3])
     raise ValueError(f"`trainable_scopes` {list(scopes)} match no trainable "
-                     "variable; expected scopes of the net's variables, "
-                     f"e.g. {tf1.trainable_variables()[0].op.name}.")
+                     "variable; expected regexes matching the start of "
+                     f"variable names such as {some}.")
   return selected
 
 

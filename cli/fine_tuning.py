@@ -19,10 +19,12 @@
 The restore is Estimator's `WarmStartSettings`, with `vars_to_warm_start`
 the exact names of the net's own variables (weights, biases, batch-norm
 statistics: those of a one-device build, which is what checkpoints hold
-whatever the towers). Moving averages, optimizer slots and `global_step`
-are never taken from the source: they start fresh. Everything is checked
-against the checkpoint before training (names, shapes), so a mistake is
-one error saying which variables and which flag fixes it.
+whatever the towers). The source's moving averages, optimizer slots and
+`global_step` are never read: slots start fresh, the step at 0, and with
+--moving_average_decay each average starts at its variable's restored
+value. Everything is checked against the checkpoint before training
+(names, shapes), so a mistake is one error naming the variables and the
+flag that fixes it.
 """
 
 from __future__ import annotations
@@ -303,6 +305,12 @@ def from_flags(config: classifier.ClassifierConfig,
                      [v.name for v in variables if v.trainable], trainable)
   if checkpoint is None:
     return config, None
+  return config, _warm_start(checkpoint, variables)
+
+
+def _warm_start(checkpoint: str, variables: Sequence[NetVariable]
+                ) -> tf.estimator.WarmStartSettings:
+  """The checked restore of the net from `checkpoint`, logged."""
   names = restored_names(checkpoint, variables,
                          FLAGS.checkpoint_exclude_scopes or (),
                          FLAGS.ignore_missing_vars)
@@ -312,4 +320,4 @@ def from_flags(config: classifier.ClassifierConfig,
                or "none")
   shadows = ([v.name for v in variables if v.averaged and v.name in names]
              if FLAGS.moving_average_decay else [])
-  return config, warm_start_settings(checkpoint, names, shadows)
+  return warm_start_settings(checkpoint, names, shadows)

@@ -388,3 +388,18 @@ def test_scripts_fine_tune_a_new_class_count_then_evaluate_one_checkpoint(
   evaluated = run_script("eval.py", f"--checkpoint_path={target}",
                          "--max_num_batches=2")
   assert "global_step=3" in evaluated.stdout.strip().splitlines()[-1]
+
+
+def test_classifier_trainable_scopes_are_checked_in_the_model_fn():
+  with pytest.raises(TypeError, match="`trainable_scopes` is the string "
+                     "'LeNet/fc4'; expected a sequence of scopes"):
+    lenet_config(10, trainable_scopes="LeNet/fc4")
+  with tf.Graph().as_default():
+    weights = tf1.get_variable("LeNet/fc4/weights", [2])
+    tf1.get_variable("LeNet/fc3/weights", [2])
+    assert classifier.variables_to_train(()) is None  # all train.
+    assert classifier.variables_to_train(("LeNet/fc4",)) == [weights]
+    with pytest.raises(ValueError, match=r"\['fc4'\] match no trainable "
+                       "variable; .* such as LeNet/fc4/weights, "
+                       "LeNet/fc3/weights"):
+      classifier.variables_to_train(("fc4",))
