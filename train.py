@@ -19,6 +19,9 @@ each worker per step; without it the workers update asynchronously.
 The run's configuration (net, classes, image size, preprocessing, schedule,
 towers, options) is written to --model_dir/run_config.json, so eval.py and
 export.py need only --model_dir; a resume takes the net and data from it.
+Fine-tuning uses tf-slim's flags (cli/fine_tuning.py): --checkpoint_path
+starts a new --model_dir from another run's checkpoint, without the
+--checkpoint_exclude_scopes, training only --trainable_scopes.
 Logs are quiet by default (progress lines with an ETA); --verbosity=1 shows
 TensorFlow's own lines too.
 """
