@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Optional
 
 import tensorflow as tf
@@ -42,8 +43,15 @@ class ClassifierConfig:
   end_learning_rate: float = 0.0
   warmup_steps: int = 0
   sync_replicas: int = 0  # n > 0: average n workers' gradients per step.
+  trainable_scopes: tuple = ()  # slim's: train only these; () trains all.
 
   def __post_init__(self):
+    if isinstance(self.trainable_scopes, str):
+      raise TypeError(f"`trainable_scopes` is the string "
+                      f"{self.trainable_scopes!r}; expected a sequence of "
+                      f"scopes, e.g. ({self.trainable_scopes!r},).")
+    object.__setattr__(self, "trainable_scopes",  # a JSON list: a tuple.
+                       tuple(self.trainable_scopes))
     _check_choice("optimizer", self.optimizer, OPTIMIZERS)
     _check_choice("learning_rate_decay_type", self.learning_rate_decay_type,
                   DECAY_TYPES)
@@ -156,12 +164,44 @@ def _train_op(config: ClassifierConfig, loss: tf.Tensor,
   optimizer = gradients.TowerOptimizer(_maybe_synced(
       config, make_optimizer(config, rate)), summarize_gradient_norm=True)
   with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
-    train_op = optimizer.minimize(loss, global_step)
+    train_op = optimizer.minimize(
+        loss, global_step, var_list=variables_to_train(config.trainable_scopes))
   if not config.sync_replicas:
     return train_op, []
   # No initial tokens: each worker waits for the first aggregated update, so
   # every step averages one gradient from each of the n workers.
   return train_op, [optimizer.make_session_run_hook(is_chief, num_tokens=0)]
+
+
+def in_scopes(name: str, scopes) -> bool:
+  """Whether a variable name matches a scope (a regex from its start), as
+  `get_collection(TRAINABLE_VARIABLES, scope)` in slim's --trainable_scopes."""
+  return any(re.match(scope, name) for scope in scopes)
+
+
+def variables_to_train(scopes: tuple) -> Optional[list]:
+  """The trainable variables in `scopes`, or None (all) for no scopes.
+
+  Names are matched relative to the current name scope, so that a tower
+  of `multi_gpu` whose variables are its own copies (`tower_1/LeNet/...`,
+  variable_update="replicated") selects the same variables as tower 0.
+
+  Raises:
+    ValueError: no trainable variable matches.
+  """
+  if not scopes:
+    return None
+  prefix = tf1.get_default_graph().get_name_scope()
+  prefix = prefix + "/" if prefix else ""
+  selected = [v for v in tf1.trainable_variables() if in_scopes(
+      v.op.name[len(prefix):] if v.op.name.startswith(prefix) else v.op.name,
+      scopes)]
+  if not selected:
+    some = ", ".join(v.op.name for v in tf1.trainable_variables()[:3])
+    raise ValueError(f"`trainable_scopes` {list(scopes)} match no trainable "
+                     "variable; expected regexes matching the start of "
+                     f"variable names such as {some}.")
+  return selected
 
 
 def _maybe_synced(config: ClassifierConfig,

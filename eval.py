@@ -5,7 +5,10 @@ run_config.json (written by train.py); a flag given here overrides the
 record, except that --model_name and --num_classes must match it.
 --once evaluates the latest checkpoint; otherwise every new checkpoint is
 evaluated as it appears, until one at the recorded last step (or
---max_steps), or --timeout_secs without a new one. The last line printed
+--max_steps), or --timeout_secs without a new one. --checkpoint_path
+evaluates exactly that checkpoint (a directory: its latest) once; its
+directory is the model_dir unless --model_dir is given. --max_num_batches
+evaluates at most that many batches (tf-slim's flag). The last line printed
 is `key=value` pairs, e.g.
 `accuracy=0.9694 global_step=1500 loss=0.1025 top_5=0.9972`.
 """
@@ -13,7 +16,8 @@ is `key=value` pairs, e.g.
 from __future__ import annotations
 
 import math
-from typing import Optional
+import os
+from typing import Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -45,6 +49,12 @@ flags.DEFINE_bool("once", False, "Evaluate the latest checkpoint and exit.")
 flags.DEFINE_integer("timeout_secs", 600, "Stop after this long without a "
                      "new checkpoint.")
 flags.DEFINE_string("eval_split", "eval", "Split to evaluate.")
+flags.DEFINE_integer("max_num_batches", None, "Evaluate at most this many "
+                     "batches of --batch_size (default: the whole split).")
+flags.register_validator(
+    "max_num_batches", lambda value: value is None or value > 0,
+    message="expected a number of batches > 0; omit --max_num_batches to "
+    "evaluate the whole split.")
 
 
 class ProgressBarHook(tf1.train.SessionRunHook):
@@ -93,9 +103,32 @@ def build_estimator(towers: common_flags.Towers,
 
 
 def evaluate(estimator: tf.estimator.Estimator, input_fn, checkpoint: str,
-             total_batches: Optional[int]) -> dict:
-  return estimator.evaluate(input_fn, checkpoint_path=checkpoint,
-                            hooks=[ProgressBarHook(total_batches)])
+             total_batches: Optional[int], max_batches: Optional[int] = None,
+             hooks: Sequence[tf1.train.SessionRunHook] = ()) -> dict:
+  """The metrics of `checkpoint`, over at most `max_batches` (None: all)."""
+  if max_batches is not None and total_batches is not None:
+    total_batches = min(total_batches, max_batches)
+  return estimator.evaluate(
+      input_fn, steps=max_batches, checkpoint_path=checkpoint,
+      hooks=[ProgressBarHook(total_batches or max_batches), *hooks])
+
+
+def checkpoint_and_model_dir(checkpoint_path: Optional[str], model_dir: str,
+                             model_dir_given: bool) -> tuple:
+  """(the checkpoint --checkpoint_path names or None, the model_dir).
+
+  Without --model_dir, the model_dir is the checkpoint's directory (its
+  run_config.json; eval summaries go there).
+
+  Raises:
+    FileNotFoundError: --checkpoint_path names no checkpoint.
+  """
+  if not checkpoint_path:
+    return None, model_dir
+  checkpoint = checkpoint_flags.resolve_checkpoint(checkpoint_path)
+  if not model_dir_given:
+    model_dir = os.path.dirname(checkpoint) or "."
+  return checkpoint, model_dir
 
 
 def eval_input_fn(setup: common_flags.ModelSetup, split: str,
@@ -109,10 +142,12 @@ def main(argv):
   del argv
   script_logging.configure(FLAGS.verbosity)
   towers = common_flags.towers_from_flags()
-  setup = common_flags.model_setup(FLAGS.model_dir)
+  checkpoint, model_dir = checkpoint_and_model_dir(
+      FLAGS.checkpoint_path, FLAGS.model_dir, FLAGS["model_dir"].present)
+  setup = common_flags.model_setup(model_dir)
   if setup.record is None:
     logging.warning("--model_dir=%s has no run_config.json (train.py writes "
-                    "it); using the model and data flags.", FLAGS.model_dir)
+                    "it); using the model and data flags.", model_dir)
   config = setup.classifier_config()
   max_steps = common_flags.recorded_max_steps(setup.record)
   input_fn = eval_input_fn(setup, FLAGS.eval_split, FLAGS.batch_size)
@@ -123,12 +158,16 @@ def main(argv):
     use_ema = FLAGS.use_ema_weights and checkpoint_has_ema(checkpoint)
     logging.info("Evaluating %s (%s weights)", checkpoint,
                  "moving-average" if use_ema else "raw")
-    estimator = build_estimator(towers, config, FLAGS.model_dir, use_ema)
-    return evaluate(estimator, input_fn, checkpoint, total)
+    estimator = build_estimator(towers, config, model_dir, use_ema)
+    return evaluate(estimator, input_fn, checkpoint, total,
+                    FLAGS.max_num_batches)
 
-  metrics = evaluation.evaluate_checkpoints(
-      evaluate_checkpoint, FLAGS.model_dir, max_steps,
-      FLAGS.timeout_secs, once=FLAGS.once, require_max_steps=False)
+  if checkpoint:
+    metrics = evaluate_checkpoint(checkpoint)
+  else:
+    metrics = evaluation.evaluate_checkpoints(
+        evaluate_checkpoint, model_dir, max_steps,
+        FLAGS.timeout_secs, once=FLAGS.once, require_max_steps=False)
   print(evaluation.format_metrics(metrics))
 
 

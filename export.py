@@ -48,8 +48,7 @@ FLAGS = flags.FLAGS
 
 flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (a "
                     "numbered subdirectory is created).")
-flags.DEFINE_string("checkpoint_path", None, "Checkpoint to export "
-                    "(default: the latest in --model_dir).")
+# --checkpoint_path: cli/checkpoint_flags.py (shared with train.py, eval.py).
 
 
 def build_estimator(config: classifier.ClassifierConfig, model_dir: str,
@@ -62,12 +61,14 @@ def build_estimator(config: classifier.ClassifierConfig, model_dir: str,
 
 
 def latest_checkpoint(model_dir: str, flag_value: Optional[str]) -> str:
-  """--checkpoint_path, else the model_dir's latest checkpoint.
+  """--checkpoint_path (a directory: its latest), else the model_dir's latest.
 
   Raises:
-    FileNotFoundError: there is none.
+    FileNotFoundError: there is none, or --checkpoint_path names none.
   """
-  checkpoint = flag_value or tf.train.latest_checkpoint(model_dir)
+  if flag_value:
+    return checkpoint_flags.resolve_checkpoint(flag_value)
+  checkpoint = tf.train.latest_checkpoint(model_dir)
   if checkpoint is None:
     raise FileNotFoundError(
         f"--model_dir={model_dir} holds no checkpoint; run train.py with the "

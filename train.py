@@ -19,6 +19,9 @@ each worker per step; without it the workers update asynchronously.
 The run's configuration (net, classes, image size, preprocessing, schedule,
 towers, options) is written to --model_dir/run_config.json, so eval.py and
 export.py need only --model_dir; a resume takes the net and data from it.
+Fine-tuning uses tf-slim's flags (cli/fine_tuning.py): --checkpoint_path
+starts a new --model_dir from another run's checkpoint, without the
+--checkpoint_exclude_scopes, training only --trainable_scopes.
 Logs are quiet by default (progress lines with an ETA); --verbosity=1 shows
 TensorFlow's own lines too.
 """
@@ -51,8 +54,10 @@ from estimator_multigpu import scaling
 from estimator_multigpu.cluster import job_control
 
 import classifier
+from cli import checkpoint_flags  # pylint: disable=unused-import
 from cli import common_flags
 import datasets
+from cli import fine_tuning
 from cli import flag_groups
 from cli import run_checks
 from cli import run_config
@@ -245,8 +250,9 @@ def build_estimator(model_fn, config: classifier.ClassifierConfig,
                     towers: common_flags.Towers, model_dir: str,
                     save_checkpoints_steps: Optional[int],
                     save_summary_steps: int, random_seed: int,
-                    save_checkpoints_secs: Optional[int] = None
-                    ) -> tf.estimator.Estimator:
+                    save_checkpoints_secs: Optional[int] = None,
+                    warm_start_from=None) -> tf.estimator.Estimator:
+  """The Estimator; `warm_start_from`: fine-tuning's WarmStartSettings."""
   run_config = tf.estimator.RunConfig(
       model_dir=model_dir, session_config=towers.session_config,
       save_checkpoints_steps=save_checkpoints_steps,
@@ -254,7 +260,8 @@ def build_estimator(model_fn, config: classifier.ClassifierConfig,
       save_summary_steps=save_summary_steps, tf_random_seed=random_seed,
       keep_checkpoint_max=5, log_step_count_steps=None)
   return tf.estimator.Estimator(model_fn, config=run_config,
-                                params={"classifier": config})
+                                params={"classifier": config},
+                                warm_start_from=warm_start_from)
 
 
 def train_input_fn(image_size: int, num_classes: int, trainer: int = 0,
@@ -376,8 +383,8 @@ def prepare_task(task: Optional[cluster.Task],
 
 
 def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
-                   config: classifier.ClassifierConfig, schedule: tuple
-                   ) -> tf.estimator.Estimator:
+                   config: classifier.ClassifierConfig, schedule: tuple,
+                   warm_start_from=None) -> tf.estimator.Estimator:
   """The classifier Estimator for this task (summaries: chief/local only)."""
   summary_dir = FLAGS.model_dir if task is None or task.is_chief else None
   model_fn = build_model_fn(towers, FLAGS.moving_average_decay,
@@ -393,7 +400,8 @@ def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
                             mixed_precision=FLAGS.mixed_precision)
   steps, secs = schedule
   return build_estimator(model_fn, config, towers, FLAGS.model_dir, steps,
-                         FLAGS.save_summary_steps, FLAGS.random_seed, secs)
+                         FLAGS.save_summary_steps, FLAGS.random_seed, secs,
+                         warm_start_from)
 
 
 def train(estimator: tf.estimator.Estimator, task: Optional[cluster.Task],
@@ -452,15 +460,18 @@ def run(task: Optional[cluster.Task]) -> int:
                                  FLAGS.save_checkpoints_secs,
                                  FLAGS["save_checkpoints_steps"].present)
   towers = prepare_task(task, towers)
+  input_fn = train_input_fn(setup.image_size, setup.num_classes,
+                            trainer_number(task), setup.dataset_name,
+                            setup.dataset_dir)
+  config, warm_start = fine_tuning.from_flags(config, setup.record,
+                                              FLAGS.model_dir, input_fn)
   if task is None or task.is_chief:
     record_run(setup, config, towers, FLAGS.model_dir)
-  estimator = make_estimator(task, towers, config, schedule)
+  estimator = make_estimator(task, towers, config, schedule, warm_start)
   if task is not None and task.type == cluster.EVALUATOR:
     evaluate(estimator, setup)
     return 0
-  received = train(estimator, task, towers, train_input_fn(
-      setup.image_size, setup.num_classes, trainer_number(task),
-      setup.dataset_name, setup.dataset_dir), setup)
+  received = train(estimator, task, towers, input_fn, setup)
   if received is None:
     log_done(task)
     return 0

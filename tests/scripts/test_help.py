@@ -25,7 +25,7 @@ def flag_names(help_text):
 
 
 def groups(help_text):
-  return re.findall(r"^(\w[\w ]*):$", help_text, re.M)
+  return re.findall(r"^(\w[\w -]*):$", help_text, re.M)
 
 
 def module_flags(*modules):
@@ -35,7 +35,8 @@ def module_flags(*modules):
 
 @pytest.mark.parametrize("script,module,expected_groups", [
     (train, "train", ["Model", "Data", "Towers", "Optimization",
-                      "Checkpoints", "Cluster", "Logging"]),
+                      "Checkpoints", "Fine-tuning", "Evaluation", "Cluster",
+                      "Logging"]),
     (eval_script, "eval", ["Model", "Data", "Towers", "Optimization",
                            "Checkpoints", "Evaluation", "Logging"]),
     (export, "export", ["Model", "Data", "Towers", "Optimization",
@@ -43,8 +44,8 @@ def module_flags(*modules):
 ])
 def test_help_lists_every_flag_of_the_script_in_groups(script, module,
                                                        expected_groups):
-  modules = [module, "cli.common_flags"] + (
-      ["cli.checkpoint_flags"] if module != "train" else [])
+  modules = [module, "cli.common_flags", "cli.checkpoint_flags"] + (
+      ["cli.fine_tuning"] if module == "train" else [])
   text = flag_groups.help_text(script.__doc__, modules=modules)
   own = module_flags(*modules)
   assert flag_names(text) == own | {"verbosity"}
