@@ -69,7 +69,7 @@ def typed_flags(names) -> list:
   alias) counted as itself."""
   typed = [name for name in names if FLAGS[name].present]
   alias = FLAGS["decay_rate"].present
-  if alias:
+  if alias and "learning_rate_decay_factor" in typed:
     typed.append("decay_rate")
     if FLAGS["learning_rate_decay_factor"].present <= alias:
       typed.remove("learning_rate_decay_factor")
@@ -123,13 +123,18 @@ def duplicated_flags(given: list) -> Optional[str]:
 
 
 def _check_combination(values: dict) -> bool:
-  """The multi-flag validator: settings fit the optimizer and schedule."""
-  given = typed_flags(name for name in values if name != "optimizer")
-  if not values["staircase"] and "staircase" in given:
+  """A multi-flag validator: the flags of `values` fit the optimizer and
+  the decay type among them."""
+  chosen = ("optimizer", "learning_rate_decay_type")
+  given = typed_flags(name for name in values if name not in chosen)
+  if not values.get("staircase") and "staircase" in given:
     given.remove("staircase")  # --nostaircase asks for nothing.
-  problem = (misapplied_settings(values["optimizer"], given) or
-             misapplied_decay(values["learning_rate_decay_type"], given) or
-             duplicated_flags(given))
+  problem = duplicated_flags(given)
+  if "optimizer" in values:
+    problem = problem or misapplied_settings(values["optimizer"], given)
+  if "learning_rate_decay_type" in values:
+    problem = problem or misapplied_decay(values["learning_rate_decay_type"],
+                                          given)
   if problem:
     raise flags.ValidationError(problem)
   return True
@@ -152,9 +157,12 @@ def register_validators() -> None:
       "num_epochs_per_decay",
       lambda value: value is None or (math.isfinite(value) and value > 0),
       message="expected a number of epochs > 0, e.g. tf-slim's 2.0.")
-  flags.register_multi_flags_validator(
-      ["optimizer", "momentum", "learning_rate_decay_type", "decay_steps",
-       *SETTINGS, *DECAY_FLAGS], _check_combination)
+  # Pairs, so that absl's message names only the two flags concerned.
+  pairs = [("optimizer", name) for name in ("momentum",) + SETTINGS] + [
+      ("learning_rate_decay_type", name) for name in DECAY_FLAGS] + [
+          ("decay_steps", "num_epochs_per_decay")]
+  for pair in pairs:
+    flags.register_multi_flags_validator(list(pair), _check_combination)
 
 
 def decay_steps(num_epochs: float, examples_per_epoch: int,
