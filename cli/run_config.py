@@ -23,12 +23,11 @@ import classifier
 FILENAME = "run_config.json"
 FORMAT_VERSION = 1
 MUST_MATCH = ("model_name", "num_classes")  # or the checkpoints won't load.
-SCHEDULE_FIELDS = ("optimizer", "learning_rate", "momentum",
-                   "learning_rate_decay_type", "decay_steps", "decay_rate",
-                   "end_learning_rate", "warmup_steps", "staircase",
-                   *sorted({name for names in
-                            classifier.OPTIMIZER_SETTINGS.values()
-                            for name in names} - {"momentum"}))
+# Compared on a resume, with the settings of the current optimizer
+# (`classifier.OPTIMIZER_SETTINGS`).
+SCHEDULE_FIELDS = ("optimizer", "learning_rate", "learning_rate_decay_type",
+                   "decay_steps", "decay_rate", "end_learning_rate",
+                   "warmup_steps", "staircase")
 # Flags whose value a ClassifierConfig field holds under the same name.
 SCHEDULE_FLAGS = {"decay_steps": "decay_steps"}
 
@@ -161,9 +160,12 @@ def _recorded(record: RunRecord, name: str):
 
 def schedule_changes(recorded: classifier.ClassifierConfig,
                      current: classifier.ClassifierConfig) -> list:
-  """[(field, recorded value, current value)] of the schedule's fields."""
+  """[(field, recorded value, current value)] of the schedule's fields and
+  the current optimizer's settings."""
+  names = SCHEDULE_FIELDS + tuple(
+      classifier.OPTIMIZER_SETTINGS[current.optimizer])
   return [(name, getattr(recorded, name), getattr(current, name))
-          for name in SCHEDULE_FIELDS
+          for name in names
           if getattr(recorded, name) != getattr(current, name)]
 
 

@@ -222,3 +222,13 @@ def test_a_slim_command_line_trains_and_evaluates(tmp_path):
                          "--dataset_split_name=validation")
   last = evaluated.stdout.strip().splitlines()[-1]
   assert last.startswith("accuracy=") and "global_step=6" in last
+
+
+def test_a_resume_compares_the_settings_of_the_optimizer_in_use():
+  old = classifier.ClassifierConfig(optimizer="rmsprop", momentum=0.5,
+                                    rmsprop_momentum=0.5)
+  new = classifier.ClassifierConfig(optimizer="rmsprop", momentum=0.9,
+                                    rmsprop_momentum=0.9, adam_beta1=0.8)
+  # momentum and adam_beta1 do not act on rmsprop: not reported.
+  assert run_config.schedule_changes(old, new) == [
+      ("rmsprop_momentum", 0.5, 0.9)]
