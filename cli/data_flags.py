@@ -41,11 +41,23 @@ def _split_ok(split: Optional[str]) -> bool:
     return False
 
 
+def _split_named_once(split: Optional[str]) -> bool:
+  """eval.py's `--eval_split` alias and `--dataset_split_name` not both."""
+  alias = FLAGS["eval_split"].present if "eval_split" in FLAGS else 0
+  if alias and FLAGS["dataset_split_name"].present > alias:
+    raise flags.ValidationError(
+        f"--eval_split is eval.py's earlier name of --dataset_split_name "
+        f"(tf-slim's), and both were given (the last one, {split}, would "
+        "win); give only --dataset_split_name.")
+  return True
+
+
 flags.register_validator(
     "dataset_split_name", _split_ok,
     message="expected a split name of letters, digits and underscores "
             "(e.g. train, eval, validation): TFRecord files are named "
             "<split>-NNNNN-of-NNNNN.tfrecord; give such a name.")
+flags.register_validator("dataset_split_name", _split_named_once)
 flags.register_validator(
     "labels_offset", lambda offset: offset is None or offset >= 0,
     message="expected an offset >= 0 (e.g. 1 for ImageNet's background "

@@ -87,6 +87,9 @@ MISTAKES = [
     (["--num_epochs_per_decay=0"], "expected a number of epochs > 0"),
     (["--staircase"], "--staircase shapes the 'exponential' decay"),
     (["--dataset_split_name=../train"], "letters, digits and underscores"),
+    (["--eval_split=test", "--dataset_split_name=validation"],
+     "--eval_split is eval.py's earlier name of --dataset_split_name .* "
+     "give only --dataset_split_name"),
     (["--labels_offset=-1"], "expected an offset >= 0"),
     (["--dataset_name=digits", "--labels_offset=1"],
      "digits has labels from class 0 .* --dataset_name=tfrecord"),
