@@ -135,6 +135,13 @@ def _check_combination(values: dict) -> bool:
   if "learning_rate_decay_type" in values:
     problem = problem or misapplied_decay(values["learning_rate_decay_type"],
                                           given)
+  if values.get("optimizer") == "ftrl" and values.get(
+      "learning_rate_decay_type", "fixed") != "fixed":
+    problem = problem or (
+        f"--optimizer=ftrl with --learning_rate_decay_type="
+        f"{values['learning_rate_decay_type']}: FTRL's weights are "
+        "proportional to the current learning rate, so a decaying rate "
+        "shrinks the model towards 0; add --learning_rate_decay_type=fixed.")
   if problem:
     raise flags.ValidationError(problem)
   return True
@@ -160,7 +167,8 @@ def register_validators() -> None:
   # Pairs, so that absl's message names only the two flags concerned.
   pairs = [("optimizer", name) for name in ("momentum",) + SETTINGS] + [
       ("learning_rate_decay_type", name) for name in DECAY_FLAGS] + [
-          ("decay_steps", "num_epochs_per_decay")]
+          ("decay_steps", "num_epochs_per_decay"),
+          ("optimizer", "learning_rate_decay_type")]
   for pair in pairs:
     flags.register_multi_flags_validator(list(pair), _check_combination)
 

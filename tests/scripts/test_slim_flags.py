@@ -34,7 +34,8 @@ def parse(*args):
 
 
 def test_optimizer_settings_reach_the_optimizer():
-  parse("--optimizer=ftrl", "--ftrl_learning_rate_power=-1",
+  parse("--optimizer=ftrl", "--learning_rate_decay_type=fixed",
+        "--ftrl_learning_rate_power=-1",
         "--ftrl_initial_accumulator_value=0.5", "--ftrl_l1=0.01",
         "--ftrl_l2=0.02")
   config = train.classifier_config(10)
@@ -69,9 +70,13 @@ MISTAKES = [
     (["--optimizer=adam", "--adam_beta2=1"], r"expected a number in \[0, 1\)"),
     (["--optimizer=adagrad", "--adagrad_initial_accumulator_value=-1"],
      "expected a number > 0"),
-    (["--optimizer=ftrl", "--ftrl_learning_rate_power=0.5"],
-     "expected a number <= 0"),
-    (["--optimizer=ftrl", "--ftrl_l2=nan"], "expected a number >= 0"),
+    (["--optimizer=ftrl", "--learning_rate_decay_type=fixed",
+      "--ftrl_learning_rate_power=0.5"], "expected a number <= 0"),
+    (["--optimizer=ftrl", "--learning_rate_decay_type=fixed",
+      "--ftrl_l2=nan"], "expected a number >= 0"),
+    (["--optimizer=ftrl"], "--optimizer=ftrl with "
+     "--learning_rate_decay_type=cosine: FTRL's weights are proportional to "
+     "the current learning rate.* add --learning_rate_decay_type=fixed"),
     (["--decay_rate=0.9"], "--decay_rate shapes the 'exponential' decay, but "
      "--learning_rate_decay_type=cosine .* add "
      "--learning_rate_decay_type=exponential"),

@@ -166,3 +166,13 @@ def test_staircase_holds_the_rate_for_whole_periods():
                      "'exponential'"):
     classifier.ClassifierConfig(staircase=True,
                                 learning_rate_decay_type="cosine")
+
+
+def test_ftrl_refuses_a_decaying_rate():
+  # `ftrl` above: w = (clip(linear) - linear) / (acc**power / LR + 2 l2),
+  # i.e. -linear * LR / sqrt(acc) without l1, l2: the weights scale with
+  # the current rate, so a rate decaying to 0 takes the model to 0.
+  with pytest.raises(ValueError, match="proportional to the current "
+                     "learning rate.*use 'fixed'"):
+    classifier.ClassifierConfig(optimizer="ftrl",
+                                learning_rate_decay_type="cosine")
