@@ -8,8 +8,9 @@ TensorFlow's 1e-8 for adam and adadelta (slim: 1.0 for all; rmsprop keeps
 1.0), and `--learning_rate_decay_factor` to 0.5 (slim: 0.94).
 
 A setting given for another optimizer than `--optimizer`, a decay setting
-the `--learning_rate_decay_type` does not use, and two flags for the same
-thing are errors, never silently ignored. `register_validators()` (called
+the `--learning_rate_decay_type` does not use, two flags for the same thing
+and ftrl with a decaying rate (its weights scale with the rate) are errors,
+never silently ignored. `register_validators()` (called
 by train.py after it defines `--optimizer` and the schedule flags) installs
 the checks.
 """
@@ -122,26 +123,34 @@ def duplicated_flags(given: list) -> Optional[str]:
   return None
 
 
+def decaying_ftrl(optimizer: str, decay_type: str) -> Optional[str]:
+  """Why ftrl cannot take a decaying rate (None: no ftrl, or a fixed rate)."""
+  if optimizer != "ftrl" or decay_type == "fixed":
+    return None
+  return (f"--optimizer=ftrl with --learning_rate_decay_type={decay_type}: "
+          "FTRL's weights are proportional to the current learning rate, so "
+          "a decaying rate shrinks the model towards 0; add "
+          "--learning_rate_decay_type=fixed.")
+
+
+def _problem(values: dict, given: list) -> Optional[str]:
+  """What is wrong with the flags of a multi-flag validator's `values`."""
+  optimizer = values.get("optimizer")
+  decay_type = values.get("learning_rate_decay_type")
+  return (duplicated_flags(given) or
+          (optimizer and misapplied_settings(optimizer, given)) or
+          (decay_type and misapplied_decay(decay_type, given)) or
+          (optimizer and decay_type and decaying_ftrl(optimizer, decay_type)))
+
+
 def _check_combination(values: dict) -> bool:
   """A multi-flag validator: the flags of `values` fit the optimizer and
   the decay type among them."""
-  chosen = ("optimizer", "learning_rate_decay_type")
-  given = typed_flags(name for name in values if name not in chosen)
+  given = typed_flags(name for name in values if name not in (
+      "optimizer", "learning_rate_decay_type"))
   if not values.get("staircase") and "staircase" in given:
     given.remove("staircase")  # --nostaircase asks for nothing.
-  problem = duplicated_flags(given)
-  if "optimizer" in values:
-    problem = problem or misapplied_settings(values["optimizer"], given)
-  if "learning_rate_decay_type" in values:
-    problem = problem or misapplied_decay(values["learning_rate_decay_type"],
-                                          given)
-  if values.get("optimizer") == "ftrl" and values.get(
-      "learning_rate_decay_type", "fixed") != "fixed":
-    problem = problem or (
-        f"--optimizer=ftrl with --learning_rate_decay_type="
-        f"{values['learning_rate_decay_type']}: FTRL's weights are "
-        "proportional to the current learning rate, so a decaying rate "
-        "shrinks the model towards 0; add --learning_rate_decay_type=fixed.")
+  problem = _problem(values, given)
   if problem:
     raise flags.ValidationError(problem)
   return True
