@@ -120,12 +120,15 @@ def numpy_train(name, x, y):
   return params
 
 
+@pytest.mark.parametrize("variable_update", ["shared", "replicated"])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_optimizer_trains_two_towers_like_numpy(name, session_config):
+def test_optimizer_trains_two_towers_like_numpy(name, variable_update,
+                                                session_config):
   x, y = harness.linear_data(batch=7)  # shards of 4 and 3 examples.
   config = classifier.ClassifierConfig(optimizer=name, **CONFIGS[name])
   values, _ = harness.train(linear_model_fn(config), x, y, STEPS,
-                            session_config, num_towers=2)
+                            session_config, num_towers=2,
+                            **harness.VARIABLE_MODES[variable_update])
   w, b = numpy_train(name, x, y)
   np.testing.assert_allclose(values["w"], w, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(values["b"], b, rtol=1e-5, atol=1e-6)
