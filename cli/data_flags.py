@@ -64,9 +64,9 @@ flags.register_validator(
             "class); give 0 or more.")
 
 
-def split_name(default: str, recorded: Optional[str] = None) -> str:
-  """--dataset_split_name, else `recorded` (a resume's), else `default`."""
-  return FLAGS.dataset_split_name or recorded or default
+def split_name(default: str) -> str:
+  """--dataset_split_name, else the script's `default`."""
+  return FLAGS.dataset_split_name or default
 
 
 def check_labels_offset(recorded: int, given: dict, model_dir: str) -> None:

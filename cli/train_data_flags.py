@@ -17,6 +17,7 @@ from absl import logging
 
 from cli import common_flags
 from cli import data_flags
+from cli import run_config
 import datasets
 from preprocessing import preprocessing_factory
 
@@ -63,19 +64,22 @@ flags.register_multi_flags_validator(["labels_offset", "dataset_name"],
 
 
 def train_data(setup: Optional[common_flags.ModelSetup]) -> dict:
-  """The training input's split, preprocessing_name and labels_offset.
+  """The training input's split, preprocessing_name and labels_offset:
+  the flags given, else the model_dir's record, else the defaults.
 
   Raises:
     ValueError: the preprocessing does not suit the dataset.
   """
-  record = setup.record if setup else None
-  name = (FLAGS.preprocessing_name or (record and record.preprocessing_name)
-          or preprocessing_factory.DEFAULT_NAME)
+  values = run_config.recorded_or_given(
+      setup.record if setup else None,
+      common_flags.given_flags(("dataset_split_name", "preprocessing_name")),
+      {"dataset_split_name": data_flags.TRAIN_SPLIT,
+       "preprocessing_name": preprocessing_factory.DEFAULT_NAME})
   preprocessing_factory.check_for_dataset(
-      name, setup.dataset_name if setup else FLAGS.dataset_name)
-  return {"split": data_flags.split_name(
-              data_flags.TRAIN_SPLIT, record and record.dataset_split_name),
-          "preprocessing_name": name,
+      values["preprocessing_name"],
+      setup.dataset_name if setup else FLAGS.dataset_name)
+  return {"split": values["dataset_split_name"],
+          "preprocessing_name": values["preprocessing_name"],
           "labels_offset": setup.labels_offset if setup else 0}
 
 
