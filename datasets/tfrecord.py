@@ -148,20 +148,33 @@ def count_records(data_dir: str, split: str) -> int:
   """The number of records of a split (reads every shard once).
 
   Raises:
-    ValueError: a shard cannot be read.
+    ValueError: a shard cannot be read (naming it).
   """
   files = find_shards(data_dir, split)
   with tf.Graph().as_default():
-    count = tf.data.TFRecordDataset(files).reduce(
+    path = tf.compat.v1.placeholder(tf.string, [])
+    count = tf.data.TFRecordDataset(path).reduce(
         tf.constant(0, tf.int64), lambda total, _: total + 1)
     with tf.compat.v1.Session() as session:
-      try:
-        return int(session.run(count))
-      except tf.errors.OpError as error:
-        raise ValueError(
-            f'Cannot count the records of split {split!r} in {data_dir!r} '
-            f'({error.message}); rewrite the damaged shard with '
-            'datasets.convert.') from error
+      return sum(_count(session, count, path, name) for name in files)
+
+
+def _count(session, count: tf.Tensor, path: tf.Tensor, name: str) -> int:
+  try:
+    return int(session.run(count, {path: name}))
+  except tf.errors.OpError as error:
+    raise ValueError(
+        f'Cannot count the records of {name} ({_reason(error)}); rewrite '
+        'the damaged shard with datasets.convert.') from error
+
+
+def _reason(error: tf.errors.OpError) -> str:
+  """TensorFlow's own line of an op error, without its graph traceback."""
+  skipped = ('Graph execution error', 'Detected at node', 'File ', 'Node:',
+             '[[')
+  lines = [line.strip() for line in error.message.splitlines()]
+  reasons = [line for line in lines if line and not line.startswith(skipped)]
+  return reasons[0] if reasons else error.message
 
 
 def _check_channels(channels: int) -> int:

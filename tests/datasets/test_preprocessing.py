@@ -174,3 +174,18 @@ def test_training_input_from_another_split_repeats_in_whole_batches():
   batches = collect(lambda: datasets.get_dataset(
       "digits", "eval", 7, is_training=True, seed=1), batches=53)
   assert all(images.shape[0] == 7 for images, _ in batches)
+
+
+def test_a_truncated_shard_cannot_be_counted(tmp_path):
+  data_dir = str(tmp_path)
+  write_records(data_dir, [1, 2], ["a", "b", "c"])
+  path = os.path.join(data_dir, "train-00000-of-00001.tfrecord")
+  with open(path, "rb") as f:
+    data = f.read()
+  with open(path, "wb") as f:
+    f.write(data[:-5])  # the last record loses its end.
+  with pytest.raises(ValueError, match=(
+      f"Cannot count the records of {path} \\(.*truncated record.*\\); "
+      "rewrite the damaged shard")) as caught:
+    datasets.num_examples("tfrecord", "train", data_dir)
+  assert "\n" not in str(caught.value)  # no graph traceback in it.

@@ -240,3 +240,11 @@ def test_a_resume_compares_the_settings_of_the_optimizer_in_use():
   # momentum and adam_beta1 do not act on rmsprop: not reported.
   assert run_config.schedule_changes(old, new) == [
       ("rmsprop_momentum", 0.5, 0.9)]
+
+
+def test_eval_reads_a_training_split_once():
+  setup = common_flags.model_setup("/nonexistent")  # digits, no record.
+  dataset = eval_script.eval_input_fn(setup, "train", 64)()
+  # 1,437 training digits in batches of 64: 22 full batches and one of 29.
+  sizes = [int(labels.shape[0]) for _, labels in dataset]
+  assert sizes == [64] * 22 + [29]
