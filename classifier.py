@@ -22,8 +22,54 @@ import nets
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
-OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop")
+OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop", "adadelta", "adagrad",
+              "ftrl")
 DECAY_TYPES = ("fixed", "exponential", "polynomial", "cosine")
+# Each optimizer's settings (ClassifierConfig fields, tf-slim's flag names)
+# and the argument of its tf.compat.v1.train class that each one sets.
+OPTIMIZER_SETTINGS = {
+    "sgd": {},
+    "momentum": {"momentum": "momentum"},
+    "adam": {"adam_beta1": "beta1", "adam_beta2": "beta2",
+             "opt_epsilon": "epsilon"},
+    "rmsprop": {"rmsprop_decay": "decay", "rmsprop_momentum": "momentum",
+                "opt_epsilon": "epsilon"},
+    "adadelta": {"adadelta_rho": "rho", "opt_epsilon": "epsilon"},
+    "adagrad": {"adagrad_initial_accumulator_value":
+                "initial_accumulator_value"},
+    "ftrl": {"ftrl_learning_rate_power": "learning_rate_power",
+             "ftrl_initial_accumulator_value": "initial_accumulator_value",
+             "ftrl_l1": "l1_regularization_strength",
+             "ftrl_l2": "l2_regularization_strength"},
+}
+# `opt_epsilon=None`: TensorFlow's epsilon for adam and adadelta, tf-slim's
+# 1.0 for rmsprop (what these scripts always used; slim's default for all).
+DEFAULT_EPSILON = {"adam": 1e-8, "adadelta": 1e-8, "rmsprop": 1.0}
+# FTRL's weights are -linear * rate / sqrt(accumulator): proportional to the
+# current learning rate, so a decaying rate shrinks the model to 0.
+FTRL_DECAY_ERROR = (
+    "`optimizer` 'ftrl' with `learning_rate_decay_type` {!r}: FTRL's "
+    "weights are proportional to the current learning rate, so a decaying "
+    "rate shrinks the whole model towards 0 (LeNet on the digits went from "
+    "loss 0.12 back to chance as a cosine decay ended); use 'fixed'.")
+# Setting -> (test of a finite value, what is expected).
+SETTING_RANGES = {
+    "momentum": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
+    "adam_beta1": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
+    "adam_beta2": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
+    "opt_epsilon": (lambda v: v > 0.0, "a number > 0"),
+    "rmsprop_decay": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
+    "rmsprop_momentum": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
+    "adadelta_rho": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
+    "adagrad_initial_accumulator_value": (lambda v: v > 0.0,
+                                          "a number > 0"),
+    "ftrl_learning_rate_power": (lambda v: v <= 0.0, "a number <= 0"),
+    "ftrl_initial_accumulator_value": (lambda v: v >= 0.0,
+                                       "a number >= 0"),
+    "ftrl_l1": (lambda v: v >= 0.0, "a number >= 0"),
+    "ftrl_l2": (lambda v: v >= 0.0, "a number >= 0"),
+    "decay_rate": (lambda v: 0.0 < v <= 1.0, "a factor in (0, 1]"),
+}
 LEARNING_RATE_NAME = "current_learning_rate"  # tower 0's, read by hooks.
 
 
@@ -37,9 +83,21 @@ class ClassifierConfig:
   optimizer: str = "momentum"
   learning_rate: float = 0.05
   momentum: float = 0.9
+  adam_beta1: float = 0.9
+  adam_beta2: float = 0.999
+  opt_epsilon: Optional[float] = None  # None: DEFAULT_EPSILON.
+  rmsprop_decay: float = 0.9
+  rmsprop_momentum: float = 0.9
+  adadelta_rho: float = 0.95
+  adagrad_initial_accumulator_value: float = 0.1
+  ftrl_learning_rate_power: float = -0.5
+  ftrl_initial_accumulator_value: float = 0.1
+  ftrl_l1: float = 0.0
+  ftrl_l2: float = 0.0
   learning_rate_decay_type: str = "fixed"
   decay_steps: int = 1000
   decay_rate: float = 0.5
+  staircase: bool = False  # exponential: decay in whole periods (slim's).
   end_learning_rate: float = 0.0
   warmup_steps: int = 0
   sync_replicas: int = 0  # n > 0: average n workers' gradients per step.
@@ -69,6 +127,29 @@ class ClassifierConfig:
     if self.sync_replicas < 0:
       raise ValueError(f"`sync_replicas` is {self.sync_replicas}; expected 0 "
                        "(asynchronous) or the number of workers.")
+    self._check_settings()
+
+  def _check_settings(self) -> None:
+    for name in SETTING_RANGES:
+      value = getattr(self, name)
+      if not (name == "opt_epsilon" and value is None) and not in_range(
+          name, value):
+        raise ValueError(f"`{name}` is {value}; expected "
+                         f"{SETTING_RANGES[name][1]}.")
+    if self.optimizer == "ftrl" and self.learning_rate_decay_type != "fixed":
+      raise ValueError(FTRL_DECAY_ERROR.format(self.learning_rate_decay_type))
+    if self.staircase and self.learning_rate_decay_type != "exponential":
+      raise ValueError(
+          "`staircase` is True, but `learning_rate_decay_type` is "
+          f"{self.learning_rate_decay_type!r}; staircase applies only to "
+          "'exponential' decay.")
+
+
+def in_range(name: str, value) -> bool:
+  """Whether `value` is a finite number allowed for setting `name`."""
+  test = SETTING_RANGES[name][0]
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value) and test(value))
 
 
 def _check_choice(name: str, value: str, choices: tuple) -> None:
@@ -85,7 +166,8 @@ def learning_rate(config: ClassifierConfig,
   base, steps = config.learning_rate, float(config.decay_steps)
   decayed = {
       "fixed": lambda: tf.constant(base),
-      "exponential": lambda: base * config.decay_rate ** (decay_step / steps),
+      "exponential": lambda: base * config.decay_rate ** _periods(
+          decay_step / steps, config.staircase),
       "polynomial": lambda: (base - config.end_learning_rate) * (
           1.0 - tf.minimum(decay_step, steps) / steps) +
                             config.end_learning_rate,
@@ -99,16 +181,35 @@ def learning_rate(config: ClassifierConfig,
   return tf.identity(decayed, name=LEARNING_RATE_NAME)
 
 
+def _periods(periods: tf.Tensor, staircase: bool) -> tf.Tensor:
+  return tf.floor(periods) if staircase else periods
+
+
+def optimizer_settings(config: ClassifierConfig) -> dict:
+  """{setting: value} of the configured optimizer, epsilon resolved."""
+  settings = {name: getattr(config, name)
+              for name in OPTIMIZER_SETTINGS[config.optimizer]}
+  if settings.get("opt_epsilon", 0.0) is None:
+    settings["opt_epsilon"] = DEFAULT_EPSILON[config.optimizer]
+  return settings
+
+
+_OPTIMIZER_CLASSES = {
+    "sgd": tf1.train.GradientDescentOptimizer,
+    "momentum": tf1.train.MomentumOptimizer,
+    "adam": tf1.train.AdamOptimizer, "rmsprop": tf1.train.RMSPropOptimizer,
+    "adadelta": tf1.train.AdadeltaOptimizer,
+    "adagrad": tf1.train.AdagradOptimizer, "ftrl": tf1.train.FtrlOptimizer,
+}
+
+
 def make_optimizer(config: ClassifierConfig,
                    rate: tf.Tensor) -> tf1.train.Optimizer:
-  """The configured optimizer (not yet wrapped)."""
-  return {
-      "sgd": lambda: tf1.train.GradientDescentOptimizer(rate),
-      "momentum": lambda: tf1.train.MomentumOptimizer(rate, config.momentum),
-      "adam": lambda: tf1.train.AdamOptimizer(rate),
-      "rmsprop": lambda: tf1.train.RMSPropOptimizer(
-          rate, momentum=config.momentum, epsilon=1.0),
-  }[config.optimizer]()
+  """The configured optimizer (not yet wrapped), as tf-slim builds it."""
+  arguments = OPTIMIZER_SETTINGS[config.optimizer]
+  return _OPTIMIZER_CLASSES[config.optimizer](rate, **{
+      arguments[name]: value
+      for name, value in optimizer_settings(config).items()})
 
 
 def model_fn(features: tf.Tensor, labels: Optional[tf.Tensor], mode: str,

@@ -39,6 +39,7 @@ from estimator_multigpu import evaluation
 from cli import checkpoint_flags
 import classifier
 from cli import common_flags
+from cli import data_flags
 import datasets
 from cli import flag_groups
 
@@ -48,7 +49,7 @@ tf1 = tf.compat.v1
 flags.DEFINE_bool("once", False, "Evaluate the latest checkpoint and exit.")
 flags.DEFINE_integer("timeout_secs", 600, "Stop after this long without a "
                      "new checkpoint.")
-flags.DEFINE_string("eval_split", "eval", "Split to evaluate.")
+flags.DEFINE_alias("eval_split", "dataset_split_name")  # its earlier name.
 flags.DEFINE_integer("max_num_batches", None, "Evaluate at most this many "
                      "batches of --batch_size (default: the whole split).")
 flags.register_validator(
@@ -135,7 +136,8 @@ def eval_input_fn(setup: common_flags.ModelSetup, split: str,
                   batch_size: int):
   return datasets.make_input_fn(
       setup.dataset_name, split, batch_size, image_size=setup.image_size,
-      data_dir=setup.dataset_dir, num_classes=setup.num_classes)
+      data_dir=setup.dataset_dir, num_classes=setup.num_classes,
+      labels_offset=setup.labels_offset, is_training=False)
 
 
 def main(argv):
@@ -150,9 +152,9 @@ def main(argv):
                     "it); using the model and data flags.", model_dir)
   config = setup.classifier_config()
   max_steps = common_flags.recorded_max_steps(setup.record)
-  input_fn = eval_input_fn(setup, FLAGS.eval_split, FLAGS.batch_size)
-  total = num_eval_batches(setup.dataset_name, FLAGS.eval_split,
-                           FLAGS.batch_size)
+  split = data_flags.split_name(data_flags.EVAL_SPLIT)
+  input_fn = eval_input_fn(setup, split, FLAGS.batch_size)
+  total = num_eval_batches(setup.dataset_name, split, FLAGS.batch_size)
 
   def evaluate_checkpoint(checkpoint: str) -> dict:
     use_ema = FLAGS.use_ema_weights and checkpoint_has_ema(checkpoint)

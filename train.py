@@ -59,20 +59,22 @@ from cli import common_flags
 import datasets
 from cli import fine_tuning
 from cli import flag_groups
+from cli import optimization_flags
 from cli import run_checks
 from cli import run_config
+from cli import train_data_flags
 
 FLAGS = flags.FLAGS
 
 flags.DEFINE_enum("optimizer", "momentum", list(classifier.OPTIMIZERS),
                   "Optimizer.")
 flags.DEFINE_float("learning_rate", 0.05, "Initial learning rate.")
-flags.DEFINE_float("momentum", 0.9, "Momentum (momentum and rmsprop).")
+flags.DEFINE_float("momentum", 0.9, "Momentum (--optimizer=momentum; "
+                   "rmsprop's is --rmsprop_momentum).")
 flags.DEFINE_enum("learning_rate_decay_type", "cosine",
                   list(classifier.DECAY_TYPES), "Learning-rate schedule.")
 flags.DEFINE_integer("decay_steps", None, "Steps of one decay period "
                      "(default: --max_steps minus warm-up).")
-flags.DEFINE_float("decay_rate", 0.5, "Exponential decay factor per period.")
 flags.DEFINE_float("end_learning_rate", 0.0, "Final rate (polynomial, "
                    "cosine).")
 flags.DEFINE_integer("warmup_steps", 50, "Linear warm-up steps.")
@@ -131,6 +133,7 @@ flags.DEFINE_integer("stop_grace_secs", 60, "After SIGTERM/Ctrl-C, exit "
                      "waiting for a dead worker).")
 flags.DEFINE_integer("eval_timeout_secs", 600, "Cluster: the evaluator stops "
                      "after this long without a new checkpoint.")
+optimization_flags.register_validators()
 
 
 def check_model_dir(model_dir: str, min_free_mb: int) -> None:
@@ -185,21 +188,25 @@ def checkpoint_schedule(steps: Optional[int], secs: Optional[int],
 
 
 def classifier_config(num_classes: int, sync_replicas: int = 0,
-                      model_name: Optional[str] = None
+                      model_name: Optional[str] = None,
+                      setup: Optional[common_flags.ModelSetup] = None
                       ) -> classifier.ClassifierConfig:
   """The model_fn's configuration from the flags (`model_name`: the net,
-  default --model_name)."""
+  default --model_name; `setup`: the data, default the data flags)."""
   decay_steps = FLAGS.decay_steps or max(FLAGS.max_steps - FLAGS.warmup_steps,
                                          1)
+  settings = optimization_flags.classifier_settings(
+      lambda: train_data_flags.epoch_size(setup),
+      FLAGS.batch_size * FLAGS.accumulate_steps * max(sync_replicas, 1))
   return classifier.ClassifierConfig(
       model_name=model_name or FLAGS.model_name, num_classes=num_classes,
       weight_decay=FLAGS.weight_decay, label_smoothing=FLAGS.label_smoothing,
       optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate,
       momentum=FLAGS.momentum,
       learning_rate_decay_type=FLAGS.learning_rate_decay_type,
-      decay_steps=decay_steps, decay_rate=FLAGS.decay_rate,
       end_learning_rate=FLAGS.end_learning_rate,
-      warmup_steps=FLAGS.warmup_steps, sync_replicas=sync_replicas)
+      warmup_steps=FLAGS.warmup_steps, sync_replicas=sync_replicas,
+      **{"decay_steps": decay_steps, **settings})
 
 
 def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
@@ -266,15 +273,19 @@ def build_estimator(model_fn, config: classifier.ClassifierConfig,
 
 def train_input_fn(image_size: int, num_classes: int, trainer: int = 0,
                    dataset_name: Optional[str] = None,
-                   dataset_dir: Optional[str] = None):
+                   dataset_dir: Optional[str] = None, split: str = "train",
+                   preprocessing_name: str = "resize", labels_offset: int = 0):
   """The training input; trainer k of a cluster shuffles with seed + k.
 
-  `dataset_name` and `dataset_dir` default to the flags.
+  `dataset_name` and `dataset_dir` default to the flags; the rest is
+  `train_data_flags.train_data`'s.
   """
   return datasets.make_input_fn(
-      dataset_name or FLAGS.dataset_name, "train", FLAGS.batch_size,
+      dataset_name or FLAGS.dataset_name, split, FLAGS.batch_size,
       image_size=image_size, data_dir=dataset_dir or FLAGS.dataset_dir,
-      num_classes=num_classes, seed=FLAGS.random_seed + trainer)
+      num_classes=num_classes, seed=FLAGS.random_seed + trainer,
+      is_training=True, preprocessing_name=preprocessing_name,
+      labels_offset=labels_offset)
 
 
 def log_every_n_steps(flag_value: Optional[int], max_steps: int) -> int:
@@ -307,16 +318,21 @@ def run_record(setup: common_flags.ModelSetup,
                config: classifier.ClassifierConfig,
                towers: common_flags.Towers) -> run_config.RunRecord:
   """What run_config.json records for this run."""
+  data = train_data_flags.train_data(setup)
   options = {name: flag_value(name) for name in (
       "moving_average_decay", "clip_gradients_by_norm", "random_seed",
       "sync_replicas", "variable_update", "sync_batch_norm",
-      "accumulate_steps", "mixed_precision") if name in FLAGS}
+      "accumulate_steps", "mixed_precision", "num_epochs_per_decay")
+      if name in FLAGS}
   return run_config.RunRecord(
       classifier=config, image_size=setup.image_size,
       dataset_name=setup.dataset_name, dataset_dir=setup.dataset_dir,
       preprocessing=datasets.preprocessing(setup.dataset_name),
       max_steps=FLAGS.max_steps, global_batch_size=FLAGS.batch_size,
-      towers=tuple(towers.devices), options=options)
+      towers=tuple(towers.devices), options=options,
+      dataset_split_name=data["split"],
+      preprocessing_name=data["preprocessing_name"],
+      labels_offset=data["labels_offset"])
 
 
 def record_run(setup: common_flags.ModelSetup,
@@ -440,7 +456,7 @@ def evaluate(estimator: tf.estimator.Estimator,
   input_fn = datasets.make_input_fn(
       setup.dataset_name, "eval", FLAGS.batch_size,
       image_size=setup.image_size, data_dir=setup.dataset_dir,
-      num_classes=setup.num_classes)
+      num_classes=setup.num_classes, labels_offset=setup.labels_offset)
   metrics = evaluation.evaluate_checkpoints(
       lambda path: estimator.evaluate(input_fn, checkpoint_path=path),
       estimator.model_dir, FLAGS.max_steps, FLAGS.eval_timeout_secs)
@@ -455,14 +471,15 @@ def run(task: Optional[cluster.Task]) -> int:
   towers = common_flags.towers_from_flags()
   setup = common_flags.model_setup(FLAGS.model_dir)
   config = classifier_config(setup.num_classes, replicas_to_aggregate(task),
-                             setup.model_name)
+                             setup.model_name, setup)
   schedule = checkpoint_schedule(FLAGS.save_checkpoints_steps,
                                  FLAGS.save_checkpoints_secs,
                                  FLAGS["save_checkpoints_steps"].present)
   towers = prepare_task(task, towers)
   input_fn = train_input_fn(setup.image_size, setup.num_classes,
                             trainer_number(task), setup.dataset_name,
-                            setup.dataset_dir)
+                            setup.dataset_dir,
+                            **train_data_flags.train_data(setup))
   config, warm_start = fine_tuning.from_flags(config, setup.record,
                                               FLAGS.model_dir, input_fn)
   if task is None or task.is_chief:

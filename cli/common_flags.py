@@ -19,6 +19,7 @@ from estimator_multigpu import devices as devices_lib
 
 import datasets
 import nets
+from cli import data_flags  # --dataset_split_name, --labels_offset.
 from cli import run_config
 
 FLAGS = flags.FLAGS
@@ -118,10 +119,13 @@ def image_size(model_name: str, dataset_name: str,
 
 
 def num_classes(dataset_name: str, dataset_dir: Optional[str],
-                flag_value: Optional[int]) -> int:
+                flag_value: Optional[int], labels_offset: int = 0) -> int:
+  """--num_classes, else the dataset's minus --labels_offset."""
   if flag_value:
     return flag_value
-  return datasets.num_classes(dataset_name, dataset_dir)
+  return data_flags.classes_after_offset(
+      datasets.num_classes(dataset_name, dataset_dir), labels_offset,
+      dataset_name)
 
 
 def setup_from_flags() -> tuple:
@@ -136,7 +140,7 @@ def setup_from_flags() -> tuple:
 
 # The flags that say which model a model_dir holds and what data it reads.
 MODEL_FLAGS = ("model_name", "num_classes", "image_size", "dataset_name",
-               "dataset_dir")
+               "dataset_dir", "labels_offset")
 
 
 def given_flags(names) -> dict:
@@ -156,6 +160,7 @@ class ModelSetup:
   dataset_name: str
   dataset_dir: Optional[str]
   record: Optional[run_config.RunRecord] = None
+  labels_offset: int = 0
 
   def classifier_config(self) -> "classifier.ClassifierConfig":
     """The recorded classifier (its net, classes), else a default one."""
@@ -179,14 +184,17 @@ def model_setup(model_dir: str) -> ModelSetup:
   given = given_flags(MODEL_FLAGS)
   if record is not None:
     run_config.check_matches(record, given, model_dir)
+    data_flags.check_labels_offset(record.labels_offset, given, model_dir)
   values = run_config.recorded_or_given(
       record, given, {name: FLAGS[name].value for name in MODEL_FLAGS})
+  offset = values["labels_offset"] or 0
   classes = num_classes(values["dataset_name"], values["dataset_dir"],
-                        values["num_classes"])
+                        values["num_classes"], offset)
   size = image_size(values["model_name"], values["dataset_name"],
                     values["image_size"])
   return ModelSetup(values["model_name"], classes, size,
-                    values["dataset_name"], values["dataset_dir"], record)
+                    values["dataset_name"], values["dataset_dir"], record,
+                    offset)
 
 
 def recorded_max_steps(record: Optional[run_config.RunRecord]) -> int:

@@ -29,12 +29,18 @@ OTHER = "Other"
 # defined by a script are skipped.
 GROUPS = (
     ("Model", ("model_name", "num_classes", "image_size")),
-    ("Data", ("dataset_name", "dataset_dir", "batch_size")),
+    ("Data", ("dataset_name", "dataset_dir", "batch_size",
+              "dataset_split_name", "labels_offset", "preprocessing_name")),
     ("Towers", ("num_gpus", "virtual_cpus", "devices", "gpus",
                 "variable_update", "sync_batch_norm", "mixed_precision")),
     ("Optimization", (
         "max_steps", "optimizer", "learning_rate", "momentum",
-        "learning_rate_decay_type", "decay_steps", "decay_rate",
+        "adam_beta1", "adam_beta2", "opt_epsilon", "rmsprop_decay",
+        "rmsprop_momentum", "adadelta_rho",
+        "adagrad_initial_accumulator_value", "ftrl_learning_rate_power",
+        "ftrl_initial_accumulator_value", "ftrl_l1", "ftrl_l2",
+        "learning_rate_decay_type", "decay_steps", "num_epochs_per_decay",
+        "learning_rate_decay_factor", "decay_rate", "staircase",
         "end_learning_rate", "warmup_steps", "weight_decay",
         "label_smoothing", "clip_gradients_by_norm", "moving_average_decay",
         "accumulate_steps", "random_seed")),

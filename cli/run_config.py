@@ -23,9 +23,11 @@ import classifier
 FILENAME = "run_config.json"
 FORMAT_VERSION = 1
 MUST_MATCH = ("model_name", "num_classes")  # or the checkpoints won't load.
-SCHEDULE_FIELDS = ("optimizer", "learning_rate", "momentum",
-                   "learning_rate_decay_type", "decay_steps", "decay_rate",
-                   "end_learning_rate", "warmup_steps")
+# Compared on a resume, with the settings of the current optimizer
+# (`classifier.OPTIMIZER_SETTINGS`).
+SCHEDULE_FIELDS = ("optimizer", "learning_rate", "learning_rate_decay_type",
+                   "decay_steps", "decay_rate", "end_learning_rate",
+                   "warmup_steps", "staircase")
 # Flags whose value a ClassifierConfig field holds under the same name.
 SCHEDULE_FLAGS = {"decay_steps": "decay_steps"}
 
@@ -42,6 +44,10 @@ class RunRecord:
   global_batch_size: Optional[int] = None
   towers: tuple = ()
   options: dict = dataclasses.field(default_factory=dict)
+  # tf-slim's data flags (train.py); records older than them read as these.
+  dataset_split_name: str = "train"
+  preprocessing_name: str = "resize"
+  labels_offset: int = 0
 
   def to_json(self) -> str:
     data = dataclasses.asdict(self)
@@ -55,13 +61,22 @@ class RunRecord:
     known = {field.name for field in dataclasses.fields(classifier
                                                         .ClassifierConfig)}
     config = classifier.ClassifierConfig(**{
-        key: value for key, value in data["classifier"].items()
+        key: value for key, value in _upgraded(data["classifier"]).items()
         if key in known})
     fields = {field.name for field in dataclasses.fields(cls)}
     rest = {key: value for key, value in data.items()
             if key in fields and key != "classifier"}
     rest["towers"] = tuple(rest.get("towers", ()))
     return cls(classifier=config, **rest)
+
+
+def _upgraded(config: dict) -> dict:
+  """A classifier record written before `rmsprop_momentum` existed: rmsprop
+  then took `momentum`."""
+  if config.get("optimizer") == "rmsprop" and "rmsprop_momentum" not in (
+      config) and "momentum" in config:
+    return {**config, "rmsprop_momentum": config["momentum"]}
+  return config
 
 
 def path(model_dir: str) -> str:
@@ -145,9 +160,12 @@ def _recorded(record: RunRecord, name: str):
 
 def schedule_changes(recorded: classifier.ClassifierConfig,
                      current: classifier.ClassifierConfig) -> list:
-  """[(field, recorded value, current value)] of the schedule's fields."""
+  """[(field, recorded value, current value)] of the schedule's fields and
+  the current optimizer's settings."""
+  names = SCHEDULE_FIELDS + tuple(
+      classifier.OPTIMIZER_SETTINGS[current.optimizer])
   return [(name, getattr(recorded, name), getattr(current, name))
-          for name in SCHEDULE_FIELDS
+          for name in names
           if getattr(recorded, name) != getattr(current, name)]
 
 

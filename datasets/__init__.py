@@ -17,6 +17,7 @@ from datasets.datasets_factory import default_image_size
 from datasets.datasets_factory import get_dataset
 from datasets.datasets_factory import make_input_fn
 from datasets.datasets_factory import num_classes
+from datasets.datasets_factory import num_examples
 from datasets.datasets_factory import preprocessing
 from datasets.digits import digits_dataset
 from datasets.digits import load_split as load_digits_split
@@ -41,6 +42,7 @@ __all__ = [
     'make_example',
     'make_input_fn',
     'num_classes',
+    'num_examples',
     'preprocessing',
     'read_label_file',
     'synthetic_dataset',

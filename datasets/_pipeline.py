@@ -73,16 +73,39 @@ def check_split_name(split: str) -> str:
   return split
 
 
-def check_drop_remainder(split: str, drop_remainder: Optional[bool]) -> bool:
-  """Resolves `drop_remainder`: default True for train, always False else."""
+def check_drop_remainder(split: str, drop_remainder: Optional[bool],
+                         is_training: Optional[bool] = None) -> bool:
+  """Resolves `drop_remainder`: default True for training, always False else.
+
+  `is_training` defaults to `split == 'train'`.
+  """
+  is_training = split == TRAIN if is_training is None else is_training
   if drop_remainder is None:
-    return split == TRAIN
-  if drop_remainder and split != TRAIN:
+    return is_training
+  if drop_remainder and not is_training:
     raise ValueError(
-        f'drop_remainder=True is only allowed for the {TRAIN!r} split, got '
-        f'split {split!r}: evaluation keeps the final partial batch so every '
-        'example is seen exactly once. Leave drop_remainder unset.')
+        f'drop_remainder=True is only allowed for the {TRAIN!r} split (or '
+        f'is_training=True), got split {split!r}: evaluation keeps the '
+        'final partial batch so every example is seen exactly once. Leave '
+        'drop_remainder unset.')
   return bool(drop_remainder)
+
+
+def map_with_seeds(dataset: tf.data.Dataset, fn, seeded: bool,
+                   seed: Optional[int]) -> tf.data.Dataset:
+  """`dataset.map(fn)` with `fn(element, seed)` for each element.
+
+  With `seeded`, `seed` is a fresh int64 [2] stateless seed per element
+  (a `tf.data.Dataset.random(seed)` stream, so the same `seed` repeats the
+  same sequence); without, it is None.
+  """
+  if not seeded:
+    return dataset.map(
+        lambda *element: fn(element if len(element) > 1 else element[0],
+                            None), num_parallel_calls=tf.data.AUTOTUNE)
+  seeds = tf.data.Dataset.random(seed=seed).batch(2, drop_remainder=True)
+  return tf.data.Dataset.zip((dataset, seeds)).map(
+      fn, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def shuffle_repeat(dataset: tf.data.Dataset, *, shuffle: bool, repeat: bool,
@@ -100,11 +123,3 @@ def batch_prefetch(dataset: tf.data.Dataset, batch_size: int,
   """Batches and prefetches; the last step of every pipeline here."""
   dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
   return dataset.prefetch(tf.data.AUTOTUNE)
-
-
-def resize_to(image: tf.Tensor, hw: Tuple[int, int]) -> tf.Tensor:
-  """Bilinearly resizes `image` to `hw`, leaving it alone if already that."""
-  static = image.shape[-3:-1]
-  if static.is_fully_defined() and tuple(static.as_list()) == hw:
-    return image
-  return tf.image.resize(image, hw, method=tf.image.ResizeMethod.BILINEAR)

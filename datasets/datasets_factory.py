@@ -14,6 +14,7 @@ from datasets import _pipeline
 from datasets import digits
 from datasets import synthetic
 from datasets import tfrecord
+from preprocessing import preprocessing_factory
 
 DATASET_NAMES = (digits.NAME, synthetic.NAME, tfrecord.NAME)
 
@@ -77,6 +78,34 @@ def num_classes(name: str, data_dir: Optional[str] = None) -> int:
   return len(tfrecord.read_label_file(data_dir))
 
 
+def num_examples(name: str, split: str,
+                 data_dir: Optional[str] = None) -> int:
+  """The number of examples in one epoch of a split.
+
+  Digits know theirs; 'tfrecord' counts the split's records (reading them
+  once); synthetic data has no epochs.
+
+  Raises:
+    ValueError: for 'synthetic', or an unknown name or split.
+  """
+  if _check_name(name) == digits.NAME:
+    return len(digits.split_indices(split))
+  if name == synthetic.NAME:
+    raise ValueError(
+        f"Dataset {synthetic.NAME!r} is random images without epochs, so an "
+        'epoch has no size; give the period in steps (decay_steps, '
+        '--decay_steps) instead of in epochs (--num_epochs_per_decay).')
+  return tfrecord.count_records(data_dir, split)
+
+
+def _check_no_labels_offset(name: str, labels_offset: int) -> None:
+  if labels_offset:
+    raise ValueError(
+        f'labels_offset={labels_offset} subtracts from the stored labels, '
+        f'but dataset {name!r} has labels from 0 (no background class to '
+        "drop); it is for 'tfrecord' data. Leave labels_offset at 0.")
+
+
 def _check_digits_args(classes: Optional[int], channels: Optional[int],
                        num_examples: Optional[int]) -> None:
   if classes not in (None, digits.NUM_CLASSES):
@@ -94,13 +123,14 @@ def _check_no_num_examples(name: str, num_examples: Optional[int]) -> None:
                      f'{name!r} has a fixed size.')
 
 
-def _tfrecord_classes(data_dir: Optional[str],
-                      classes: Optional[int]) -> Optional[int]:
-  """num_classes given, else from labels.txt if there is one."""
+def _tfrecord_classes(data_dir: Optional[str], classes: Optional[int],
+                      labels_offset: int = 0) -> Optional[int]:
+  """num_classes given, else from labels.txt (minus the offset) if there is
+  one."""
   if classes is not None or not data_dir or not tf.io.gfile.isdir(data_dir):
     return classes
-  return num_classes(tfrecord.NAME, data_dir) if tfrecord.has_label_file(
-      data_dir) else None
+  return num_classes(tfrecord.NAME, data_dir) - labels_offset if (
+      tfrecord.has_label_file(data_dir)) else None
 
 
 # pylint: disable=redefined-outer-name
@@ -113,7 +143,10 @@ def get_dataset(name: str, split: str, batch_size: int,
                 seed: Optional[int] = None, *,
                 drop_remainder: Optional[bool] = None,
                 channels: Optional[int] = None,
-                num_examples: Optional[int] = None) -> tf.data.Dataset:
+                num_examples: Optional[int] = None,
+                is_training: Optional[bool] = None,
+                preprocessing_name: str = preprocessing_factory.DEFAULT_NAME,
+                labels_offset: int = 0) -> tf.data.Dataset:
   """Builds a dataset of `(images, labels)` batches.
 
   Args:
@@ -132,6 +165,11 @@ def get_dataset(name: str, split: str, batch_size: int,
       the final partial batch is kept.
     channels: Synthetic: default 3. Tfrecord: decode to 1, 3 (default) or 4.
     num_examples: Synthetic only: examples per epoch.
+    is_training: Training input (shuffled, repeated, whole batches,
+      augmented); default: split == 'train'.
+    preprocessing_name: One of `preprocessing_factory.PREPROCESSING_NAMES`;
+      non-default ones for images only ('crop_flip': not for digits).
+    labels_offset: 'tfrecord' only: subtracted from the stored labels.
 
   Returns:
     A `tf.data.Dataset` of float32 [B, H, W, C] images and int32 [B] labels.
@@ -142,11 +180,15 @@ def get_dataset(name: str, split: str, batch_size: int,
   """
   _check_name(name)
   _pipeline.check_batch_size(batch_size)
+  preprocessing_factory.check_for_dataset(preprocessing_name, name)
+  if name != tfrecord.NAME:
+    _check_no_labels_offset(name, labels_offset)
   if name == digits.NAME:
     _check_digits_args(num_classes, channels, num_examples)
-    return digits.digits_dataset(split, batch_size, image_size=image_size,
-                                 shuffle=shuffle, repeat=repeat,
-                                 drop_remainder=drop_remainder, seed=seed)
+    return digits.digits_dataset(
+        split, batch_size, image_size=image_size, shuffle=shuffle,
+        repeat=repeat, drop_remainder=drop_remainder, seed=seed,
+        is_training=is_training, preprocessing_name=preprocessing_name)
   if name == synthetic.NAME:
     return synthetic.synthetic_dataset(
         split, batch_size,
@@ -154,18 +196,22 @@ def get_dataset(name: str, split: str, batch_size: int,
         channels=_or(channels, synthetic.DEFAULT_CHANNELS),
         num_classes=_or(num_classes, synthetic.DEFAULT_NUM_CLASSES),
         num_examples=num_examples, repeat=repeat,
-        drop_remainder=drop_remainder, seed=seed)
+        drop_remainder=drop_remainder, seed=seed, is_training=is_training)
   return _get_tfrecord(split, batch_size, image_size, data_dir, num_classes,
                        shuffle, repeat, seed, drop_remainder, channels,
-                       num_examples)
+                       num_examples, is_training=is_training,
+                       preprocessing_name=preprocessing_name,
+                       labels_offset=labels_offset)
 
 
 # pylint: enable=redefined-outer-name
 
 
 def _get_tfrecord(split, batch_size, image_size, data_dir, classes, shuffle,
-                  repeat, seed, drop_remainder, channels, num_examples):
-  """The 'tfrecord' branch of `get_dataset` (same arguments)."""
+                  repeat, seed, drop_remainder, channels, num_examples,
+                  **options):
+  """The 'tfrecord' branch of `get_dataset` (same arguments; `options`:
+  is_training, preprocessing_name, labels_offset)."""
   _check_no_num_examples(tfrecord.NAME, num_examples)
   if image_size is None:
     raise ValueError(
@@ -174,8 +220,9 @@ def _get_tfrecord(split, batch_size, image_size, data_dir, classes, shuffle,
   return tfrecord.tfrecord_dataset(
       data_dir, split, batch_size, image_size=image_size,
       channels=_or(channels, tfrecord.DEFAULT_CHANNELS),
-      num_classes=_tfrecord_classes(data_dir, classes), shuffle=shuffle,
-      repeat=repeat, drop_remainder=drop_remainder, seed=seed)
+      num_classes=_tfrecord_classes(data_dir, classes, options[
+          'labels_offset']), shuffle=shuffle, repeat=repeat,
+      drop_remainder=drop_remainder, seed=seed, **options)
 
 
 def make_input_fn(name: str, split: str, batch_size: int,

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from datasets import _pipeline
+from preprocessing import preprocessing_factory
 
 NAME = 'digits'
 NUM_CLASSES = 10
@@ -70,11 +71,12 @@ def load_split(split: str) -> Tuple[np.ndarray, np.ndarray]:
   return images, bunch.target[index].astype(np.int32)
 
 
-def _preprocess(hw: Tuple[int, int]):
-  """Returns the per-example map: scale to [0, 1], resize if asked."""
-  def fn(image, label):
+def _preprocess(hw: Tuple[int, int], preprocess_fn):
+  """Returns the per-example map: scale to [0, 1], then `preprocess_fn`."""
+  def fn(example, seed):
+    image, label = example
     image = tf.cast(image, tf.float32) * (1.0 / _MAX_PIXEL)
-    return _pipeline.resize_to(image, hw), label
+    return preprocess_fn(image, hw[0], hw[1], seed), label
   return fn
 
 
@@ -83,7 +85,10 @@ def digits_dataset(split: str, batch_size: int, *,
                    shuffle: Optional[bool] = None,
                    repeat: Optional[bool] = None,
                    drop_remainder: Optional[bool] = None,
-                   seed: Optional[int] = None) -> tf.data.Dataset:
+                   seed: Optional[int] = None,
+                   is_training: Optional[bool] = None,
+                   preprocessing_name: str = preprocessing_factory.DEFAULT_NAME
+                   ) -> tf.data.Dataset:
   """Builds batches of `(images, labels)` from the digits split.
 
   Args:
@@ -95,7 +100,11 @@ def digits_dataset(split: str, batch_size: int, *,
     repeat: Repeat forever; default True for train only.
     drop_remainder: Drop a final partial batch; default True for train, must
       stay False for eval.
-    seed: Shuffle seed (None: not reproducible).
+    seed: Shuffle (and augmentation) seed (None: not reproducible).
+    is_training: Training input: shuffled, repeated, whole batches and the
+      training variant of the preprocessing; default: split == 'train'.
+    preprocessing_name: `preprocessing_factory.PREPROCESSING_NAMES` but
+      'crop_flip' (a mirrored digit is another shape).
 
   Returns:
     A dataset of float32 [B, H, W, 1] images in [0, 1] and int32 [B] labels.
@@ -103,12 +112,17 @@ def digits_dataset(split: str, batch_size: int, *,
   batch_size = _pipeline.check_batch_size(batch_size)
   hw = _pipeline.image_size_hw(IMAGE_SIZE if image_size is None else image_size)
   images, labels = load_split(split)
-  is_train = split == _pipeline.TRAIN
-  drop_remainder = _pipeline.check_drop_remainder(split, drop_remainder)
+  is_train = split == _pipeline.TRAIN if is_training is None else is_training
+  drop_remainder = _pipeline.check_drop_remainder(split, drop_remainder,
+                                                  is_train)
+  preprocessing_factory.check_for_dataset(preprocessing_name, NAME)
   dataset = _pipeline.shuffle_repeat(
       tf.data.Dataset.from_tensor_slices((images, labels)),
       shuffle=is_train if shuffle is None else shuffle,
       repeat=is_train if repeat is None else repeat,
       shuffle_buffer=len(labels), seed=seed)
-  dataset = dataset.map(_preprocess(hw), num_parallel_calls=tf.data.AUTOTUNE)
+  dataset = _pipeline.map_with_seeds(
+      dataset, _preprocess(hw, preprocessing_factory.get_preprocessing(
+          preprocessing_name, is_train)),
+      preprocessing_factory.is_random(preprocessing_name, is_train), seed)
   return _pipeline.batch_prefetch(dataset, batch_size, drop_remainder)

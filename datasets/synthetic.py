@@ -70,7 +70,8 @@ def synthetic_dataset(split: str, batch_size: int, *,
                       num_examples: Optional[int] = None,
                       repeat: Optional[bool] = None,
                       drop_remainder: Optional[bool] = None,
-                      seed: Optional[int] = None) -> tf.data.Dataset:
+                      seed: Optional[int] = None,
+                      is_training: Optional[bool] = None) -> tf.data.Dataset:
   """Builds batches of random `(images, labels)`.
 
   Args:
@@ -84,6 +85,7 @@ def synthetic_dataset(split: str, batch_size: int, *,
     drop_remainder: Drop a final partial batch; default True for train, must
       stay False for eval.
     seed: Integer seed of the data; default 0.
+    is_training: Repeated, whole batches; default: split == 'train'.
 
   Returns:
     A dataset of float32 [B, H, W, C] images and int32 [B] labels.
@@ -92,12 +94,15 @@ def synthetic_dataset(split: str, batch_size: int, *,
   batch_size = _pipeline.check_batch_size(batch_size)
   num_examples = _pipeline.check_positive_int('num_examples', _default(
       num_examples, DEFAULT_NUM_EXAMPLES[split]))
-  drop_remainder = _pipeline.check_drop_remainder(split, drop_remainder)
+  is_training = split == _pipeline.TRAIN if is_training is None else (
+      is_training)
+  drop_remainder = _pipeline.check_drop_remainder(split, drop_remainder,
+                                                  is_training)
   batch = _one_batch(batch_size, 2 * _default(seed, DEFAULT_SEED) +
                      SPLITS.index(split), _pipeline.image_size_hw(image_size),
                      _pipeline.check_positive_int('channels', channels),
                      _pipeline.check_positive_int('num_classes', num_classes))
   dataset = _epoch(batch, batch_size, num_examples, drop_remainder)
-  if _default(repeat, split == _pipeline.TRAIN):
+  if _default(repeat, is_training):
     dataset = dataset.repeat()
   return dataset.prefetch(tf.data.AUTOTUNE)

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from datasets import _pipeline
+from preprocessing import preprocessing_factory
 
 NAME = 'tfrecord'
 IMAGE_KEY = 'image/encoded'
@@ -143,6 +144,39 @@ def _parse_label_line(line: str, path: str, number: int) -> Tuple[int, str]:
   return int(label), name
 
 
+def count_records(data_dir: str, split: str) -> int:
+  """The number of records of a split (reads every shard once).
+
+  Raises:
+    ValueError: a shard cannot be read (naming it).
+  """
+  files = find_shards(data_dir, split)
+  with tf.Graph().as_default():
+    path = tf.compat.v1.placeholder(tf.string, [])
+    count = tf.data.TFRecordDataset(path).reduce(
+        tf.constant(0, tf.int64), lambda total, _: total + 1)
+    with tf.compat.v1.Session() as session:
+      return sum(_count(session, count, path, name) for name in files)
+
+
+def _count(session, count: tf.Tensor, path: tf.Tensor, name: str) -> int:
+  try:
+    return int(session.run(count, {path: name}))
+  except tf.errors.OpError as error:
+    raise ValueError(
+        f'Cannot count the records of {name} ({_reason(error)}); rewrite '
+        'the damaged shard with datasets.convert.') from error
+
+
+def _reason(error: tf.errors.OpError) -> str:
+  """TensorFlow's own line of an op error, without its graph traceback."""
+  skipped = ('Graph execution error', 'Detected at node', 'File ', 'Node:',
+             '[[')
+  lines = [line.strip() for line in error.message.splitlines()]
+  reasons = [line for line in lines if line and not line.startswith(skipped)]
+  return reasons[0] if reasons else error.message
+
+
 def _check_channels(channels: int) -> int:
   if channels not in CHANNELS:
     raise ValueError(
@@ -151,15 +185,21 @@ def _check_channels(channels: int) -> int:
   return channels
 
 
-def _decoder(hw: Tuple[int, int], channels: int, num_classes: Optional[int]):
-  """Returns the map from a serialized Example to `(image, label)`."""
-  def fn(serialized):
+def _decoder(hw: Tuple[int, int], channels: int, num_classes: Optional[int],
+             preprocess_fn=preprocessing_factory.get_preprocessing(
+                 preprocessing_factory.DEFAULT_NAME), labels_offset: int = 0):
+  """Returns the map from (a serialized Example, a seed) to `(image, label)`.
+
+  `preprocess_fn` (default: resize) sizes the image; the stored label minus
+  `labels_offset` is the class.
+  """
+  def fn(serialized, seed=None):
     features = tf.io.parse_single_example(serialized, _FEATURES)
     image = tf.io.decode_image(features[IMAGE_KEY], channels=channels,
                                expand_animations=False)
-    image = _pipeline.resize_to(tf.cast(image, tf.float32), hw)
+    image = preprocess_fn(tf.cast(image, tf.float32), hw[0], hw[1], seed)
     image.set_shape([hw[0], hw[1], channels])
-    label = tf.cast(features[LABEL_KEY], tf.int32)
+    label = tf.cast(features[LABEL_KEY], tf.int32) - labels_offset
     return image * (1.0 / 255.0), _checked_label(label, num_classes)
   return fn
 
@@ -195,8 +235,10 @@ def tfrecord_dataset(data_dir: str, split: str, batch_size: int, *,
                      repeat: Optional[bool] = None,
                      drop_remainder: Optional[bool] = None,
                      seed: Optional[int] = None,
-                     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
-                     ) -> tf.data.Dataset:
+                     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+                     is_training: Optional[bool] = None,
+                     preprocessing_name: str = preprocessing_factory.DEFAULT_NAME,
+                     labels_offset: int = 0) -> tf.data.Dataset:
   """Builds batches of `(images, labels)` from a split's record files.
 
   Args:
@@ -212,6 +254,12 @@ def tfrecord_dataset(data_dir: str, split: str, batch_size: int, *,
       stay False for other splits.
     seed: Shuffle seed; with it the order is reproducible.
     shuffle_buffer: Serialized records held in the shuffle buffer.
+    is_training: Training input: shuffled, repeated, whole batches and the
+      training variant of the preprocessing; default: split == 'train'.
+    preprocessing_name: One of `preprocessing_factory.PREPROCESSING_NAMES`.
+    labels_offset: Subtracted from the stored labels (tf-slim's flag: 1
+      drops ImageNet's background class 0); `num_classes` counts the
+      classes after it.
 
   Returns:
     A dataset of float32 [B, H, W, channels] images in [0, 1] and int32 [B]
@@ -223,13 +271,18 @@ def tfrecord_dataset(data_dir: str, split: str, batch_size: int, *,
   if num_classes is not None:
     _pipeline.check_positive_int('num_classes', num_classes)
   files = find_shards(data_dir, split)
-  is_train = split == _pipeline.TRAIN
+  is_train = split == _pipeline.TRAIN if is_training is None else is_training
   shuffle = is_train if shuffle is None else shuffle
-  drop_remainder = _pipeline.check_drop_remainder(split, drop_remainder)
+  drop_remainder = _pipeline.check_drop_remainder(split, drop_remainder,
+                                                  is_train)
   dataset = _pipeline.shuffle_repeat(
       _read_records(data_dir, split, len(files), shuffle, seed),
       shuffle=shuffle, repeat=is_train if repeat is None else repeat,
       shuffle_buffer=shuffle_buffer, seed=seed)
-  dataset = dataset.map(_decoder(hw, channels, num_classes),
-                        num_parallel_calls=tf.data.AUTOTUNE)
+  dataset = _pipeline.map_with_seeds(
+      dataset, _decoder(hw, channels, num_classes,
+                        preprocessing_factory.get_preprocessing(preprocessing_name,
+                                                        is_train),
+                        labels_offset),
+      preprocessing_factory.is_random(preprocessing_name, is_train), seed)
   return _pipeline.batch_prefetch(dataset, batch_size, drop_remainder)
