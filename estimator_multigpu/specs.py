@@ -133,9 +133,9 @@ def summarize_tower_losses(towers: list) -> None:
 
 
 def merged_train_op(towers: list, apply_ops: list) -> tf.Operation:
-  """Tower 0's train_op, the gradient application and tower 0's UPDATE_OPS."""
-  update_ops = towers[0].collections.get(tf1.GraphKeys.UPDATE_OPS, [])
-  return tf.group(towers[0].spec.train_op, *apply_ops, *update_ops,
+  """Tower 0's train_op, the gradient application and tower 0's UPDATE_OPS
+  (`towers.Tower.step_ops`)."""
+  return tf.group(*towers[0].step_ops(), *apply_ops,
                   name="multi_gpu_train_op")
 
 

@@ -75,6 +75,9 @@ class Tower:
       (variable_update="replicated"; empty when variables are shared).
     loss_scaled_gradients: ids of the gradients `TowerOptimizer` computed
       from the loss-scaled loss (float16 mixed precision).
+    deferred_dependencies: no-ops holding the control dependencies that were
+      around tower 0's `TowerOptimizer.compute_gradients` (usually its
+      UPDATE_OPS); the train op runs them, the gradients don't wait for them.
   """
   index: int
   device: Optional[str]
@@ -86,6 +89,7 @@ class Tower:
   output: Any = None
   local_variables: dict = dataclasses.field(default_factory=dict)
   loss_scaled_gradients: set = dataclasses.field(default_factory=set)
+  deferred_dependencies: list = dataclasses.field(default_factory=list)
 
   @property
   def name(self) -> str:
@@ -95,6 +99,13 @@ class Tower:
   def spec(self) -> Any:
     """The EstimatorSpec a model_fn tower returned (same as `output`)."""
     return self.output
+
+  def step_ops(self) -> list:
+    """What every step runs of this tower besides the update: its train_op,
+    UPDATE_OPS and deferred control dependencies (tower 0's only)."""
+    return [self.spec.train_op,
+            *self.collections.get(tf1.GraphKeys.UPDATE_OPS, []),
+            *self.deferred_dependencies]
 
 
 _CURRENT = threading.local()

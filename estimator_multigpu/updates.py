@@ -189,9 +189,7 @@ class UpdateRule:
       hooks.append(self.loss_scaling.hook(output_dir))
     if self.accumulator is not None:
       loss = self.accumulator.loss(spec.loss)
-      update_ops = towers[0].collections.get(tf1.GraphKeys.UPDATE_OPS, [])
-      accumulate = self.accumulator.accumulate_op(towers[0].spec.train_op,
-                                                  *update_ops)
+      accumulate = self.accumulator.accumulate_op(*towers[0].step_ops())
       hooks.append(accumulation.AccumulationHook(accumulate,
                                                  self.accumulator.steps))
       train_op = self.accumulator.reset_after(train_op, loss)
