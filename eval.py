@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -35,8 +34,9 @@ from estimator_multigpu import evaluation
 from cli import checkpoint_flags
 import classifier
 from cli import common_flags
+from cli import errors
 import datasets
-from cli import flag_groups
+from cli import validators
 
 FLAGS = flags.FLAGS
 tf1 = tf.compat.v1
@@ -45,6 +45,7 @@ flags.DEFINE_bool("once", False, "Evaluate the latest checkpoint and exit.")
 flags.DEFINE_integer("timeout_secs", 600, "Stop after this long without a "
                      "new checkpoint.")
 flags.DEFINE_string("eval_split", "eval", "Split to evaluate.")
+validators.register()
 
 
 class ProgressBarHook(tf1.train.SessionRunHook):
@@ -133,4 +134,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=flag_groups.parser(__doc__))
+  errors.run(main, __doc__)

@@ -34,8 +34,9 @@ import estimator_multigpu as emg
 from cli import checkpoint_flags
 import classifier
 from cli import common_flags
+from cli import errors
 import datasets
-from cli import flag_groups
+from cli import validators
 
 FLAGS = flags.FLAGS
 tf1 = tf.compat.v1
@@ -45,6 +46,7 @@ flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (a "
                     "numbered subdirectory is created).")
 flags.DEFINE_string("checkpoint_path", None, "Checkpoint to export "
                     "(default: the latest in --model_dir).")
+validators.register()
 
 
 def serving_input_fn(image_size: int, preprocessing: dict):
@@ -118,4 +120,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=flag_groups.parser(__doc__))
+  errors.run(main, __doc__)

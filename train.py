@@ -32,7 +32,6 @@ import sys
 import tempfile
 from typing import Optional
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -52,8 +51,9 @@ from estimator_multigpu.cluster import job_control
 
 import classifier
 from cli import common_flags
+from cli import errors
 import datasets
-from cli import flag_groups
+from cli import validators
 from cli import run_checks
 from cli import run_config
 
@@ -126,6 +126,7 @@ flags.DEFINE_integer("stop_grace_secs", 60, "After SIGTERM/Ctrl-C, exit "
                      "waiting for a dead worker).")
 flags.DEFINE_integer("eval_timeout_secs", 600, "Cluster: the evaluator stops "
                      "after this long without a new checkpoint.")
+validators.register(data_flags=True)
 
 
 def check_model_dir(model_dir: str, min_free_mb: int) -> None:
@@ -483,12 +484,11 @@ def log_done(task: Optional[cluster.Task]) -> None:
 
 
 def run_cluster_task(task: cluster.Task) -> int:
-  """`run(task)`, with an error logged (traceback) as exit status 1."""
+  """`run(task)`; an error is one line (cli/errors.py) and its status."""
   try:
     return run(task)
-  except Exception:  # pylint: disable=broad-except
-    logging.exception("Task %s failed.", task.device)
-    return 1
+  except Exception as error:  # pylint: disable=broad-except
+    return errors.report(error, sys.argv, task.device)
 
 
 def main(argv):
@@ -501,4 +501,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=flag_groups.parser(__doc__))
+  errors.run(main, __doc__)
