@@ -52,6 +52,7 @@ from estimator_multigpu.cluster import job_control
 import classifier
 from cli import common_flags
 from cli import errors
+from cli import model_dir_check
 import datasets
 from cli import validators
 from cli import run_checks
@@ -453,15 +454,17 @@ def run(task: Optional[cluster.Task]) -> int:
                                  FLAGS.save_checkpoints_secs,
                                  FLAGS["save_checkpoints_steps"].present)
   towers = prepare_task(task, towers)
-  if task is None or task.is_chief:
-    record_run(setup, config, towers, FLAGS.model_dir)
   estimator = make_estimator(task, towers, config, schedule)
   if task is not None and task.type == cluster.EVALUATOR:
     evaluate(estimator, setup)
     return 0
-  received = train(estimator, task, towers, train_input_fn(
-      setup.image_size, setup.num_classes, trainer_number(task),
-      setup.dataset_name, setup.dataset_dir), setup)
+  input_fn = train_input_fn(setup.image_size, setup.num_classes,
+                            trainer_number(task), setup.dataset_name,
+                            setup.dataset_dir)
+  if task is None or task.is_chief:
+    model_dir_check.check_estimator(estimator, input_fn, setup.num_classes)
+    record_run(setup, config, towers, FLAGS.model_dir)
+  received = train(estimator, task, towers, input_fn, setup)
   if received is None:
     log_done(task)
     return 0
