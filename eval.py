@@ -35,6 +35,7 @@ from cli import checkpoint_flags
 import classifier
 from cli import common_flags
 from cli import errors
+from cli import model_dir_check
 import datasets
 from cli import validators
 
@@ -127,6 +128,10 @@ def main(argv):
     estimator = build_estimator(towers, config, FLAGS.model_dir, use_ema)
     return evaluate(estimator, input_fn, checkpoint, total)
 
+  model_dir_check.check_estimator(
+      build_estimator(towers, config, FLAGS.model_dir, use_ema=False),
+      model_dir_check.input_specs(input_fn), config.num_classes,
+      tf.estimator.ModeKeys.EVAL)
   metrics = evaluation.evaluate_checkpoints(
       evaluate_checkpoint, FLAGS.model_dir, max_steps,
       FLAGS.timeout_secs, once=FLAGS.once, require_max_steps=False)

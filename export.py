@@ -35,6 +35,7 @@ from cli import checkpoint_flags
 import classifier
 from cli import common_flags
 from cli import errors
+from cli import model_dir_check
 import datasets
 from cli import validators
 
@@ -63,6 +64,12 @@ def serving_input_fn(image_size: int, preprocessing: dict):
         resized * scale, {INPUT_NAME: images})
 
   return input_fn
+
+
+def serving_specs(image_size: int, preprocessing: dict) -> tuple:
+  """(features, labels) specs of the net's input in the serving graph."""
+  return (tf.TensorSpec([None, image_size, image_size,
+                         preprocessing.get("channels")], tf.float32), None)
 
 
 def build_estimator(config: classifier.ClassifierConfig, model_dir: str,
@@ -103,6 +110,9 @@ def export(model_dir: str, export_dir: str,
                setup.num_classes, setup.image_size, setup.image_size,
                preprocessing.get("pixel_scale", 1.0))
   estimator = build_estimator(setup.classifier_config(), model_dir, use_ema)
+  model_dir_check.check_estimator(estimator, serving_specs(
+      setup.image_size, preprocessing), setup.num_classes,
+                                  tf.estimator.ModeKeys.PREDICT, checkpoint)
   path = estimator.export_saved_model(
       export_dir, serving_input_fn(setup.image_size, preprocessing),
       checkpoint_path=checkpoint)

@@ -131,18 +131,20 @@ def _shape_mismatch(name: str, saved: list, built: list,
           "--image_size?)")
 
 
-def check(model_dir: str, built: Shapes, num_classes: int) -> None:
+def check(model_dir: str, built: Shapes, num_classes: int,
+          checkpoint: Optional[str] = None) -> None:
   """Raises when the model_dir's latest checkpoint cannot be restored.
 
   Args:
     model_dir: the run's --model_dir (no checkpoint: nothing to check).
     built: `graph_shapes` of the run's graph.
     num_classes: the class count this run builds.
+    checkpoint: the checkpoint to check instead of the latest.
 
   Raises:
     ValueError: saying what the checkpoint was written with and the fix.
   """
-  checkpoint = tf.train.latest_checkpoint(model_dir)
+  checkpoint = checkpoint or tf.train.latest_checkpoint(model_dir)
   if checkpoint is None:
     return
   wrong = mismatch(checkpoint_shapes(checkpoint), built, num_classes)
@@ -156,18 +158,26 @@ def check(model_dir: str, built: Shapes, num_classes: int) -> None:
       f"with it, {fix}; to start over, choose a new --model_dir.")
 
 
-def check_estimator(estimator: tf.estimator.Estimator, input_fn,
+def input_specs(input_fn) -> tuple:
+  """(features spec, labels spec) of an Estimator input_fn's dataset."""
+  with tf.Graph().as_default():
+    return input_fn().element_spec
+
+
+def check_estimator(estimator: tf.estimator.Estimator, specs: tuple,
                     num_classes: int,
-                    mode: str = tf.estimator.ModeKeys.TRAIN) -> None:
-  """`check` of the graph `estimator` builds in `mode` on `input_fn`'s data.
+                    mode: str = tf.estimator.ModeKeys.TRAIN,
+                    checkpoint: Optional[str] = None) -> None:
+  """`check` of the graph `estimator` builds in `mode` on inputs `specs`
+  ((features, labels) `tf.TensorSpec`s; labels None for PREDICT).
 
   Raises:
-    ValueError: the model_dir's latest checkpoint does not fit that graph.
+    ValueError: the model_dir's latest checkpoint (or `checkpoint`) does
+      not fit that graph.
   """
-  if tf.train.latest_checkpoint(estimator.model_dir) is None:
+  checkpoint = checkpoint or tf.train.latest_checkpoint(estimator.model_dir)
+  if checkpoint is None:
     return
-  with tf.Graph().as_default():
-    features_spec, labels_spec = input_fn().element_spec
   check(estimator.model_dir, graph_shapes(
-      estimator.model_fn, mode, features_spec, labels_spec, estimator.config),
-        num_classes)
+      estimator.model_fn, mode, *specs, estimator.config), num_classes,
+        checkpoint)
