@@ -114,9 +114,10 @@ def mismatch(saved: Shapes, built: Shapes, num_classes: int) -> Optional[str]:
   if different:
     name = different[0]
     return _shape_mismatch(name, saved[name], built[name], num_classes)
-  if optimizer_of(saved) != optimizer_of(built):
+  slots = [name for name in missing if name.rsplit("/", 1)[-1] in SLOTS]
+  if slots:
     return (f"written with --optimizer={optimizer_of(saved)}; this run uses "
-            f"--optimizer={optimizer_of(built)} (its slot {missing[0]} is "
+            f"--optimizer={optimizer_of(built)} (its slot {slots[0]} is "
             "not in the checkpoint)")
   return (f"which lacks {len(missing)} variable(s) of this run's graph, e.g. "
           f"{missing[0]}")

@@ -46,7 +46,13 @@ def remember(files: Sequence[str]) -> None:
 
 
 def opened_files() -> List[str]:
-  return list(_opened)
+  """The record files remembered, that still exist."""
+  return [path for path in _opened if tf.io.gfile.exists(path)]
+
+
+def forget() -> None:
+  """Forgets the files remembered (a new run in the same process)."""
+  _opened.clear()
 
 
 def with_file_and_index(path: tf.Tensor) -> tf.data.Dataset:
