@@ -10,8 +10,9 @@ whose it is:
   (cli/validators.py), `ValueError`/`TypeError`/`OSError` raised for the
   flags, data files or a model dir that does not fit, bad records (named by
   datasets/record_checks.py).
-- 1 (`FAILURE`): a failure at run time: a NaN loss, a dead cluster peer,
-  anything unexpected.
+- 1 (`FAILURE`): a failure at run time: a NaN loss, a cluster peer that
+  does not answer (`TimeoutError`, `ConnectionError`), a TensorFlow error
+  other than a bad record, anything unexpected.
 
 No traceback is shown unless `--verbosity=1` (or higher) or the environment
 variable `EMG_TRACEBACK=1`. Exits by signal keep their status (`SystemExit`
@@ -37,6 +38,7 @@ FAILURE = 1
 TRACEBACK_ENV = "EMG_TRACEBACK"
 FLAGS = flags.FLAGS
 _USER_ERRORS = (ValueError, TypeError, OSError, app.UsageError, flags.Error)
+_RUN_TIME = (TimeoutError, ConnectionError)  # OSErrors: a peer, not a flag.
 _NOISE = ("Graph execution error", "Detected at node", "File ", "Node:",
           "[[", "Original stack trace", "Instructions for updating")
 
@@ -53,7 +55,7 @@ def explain(error: BaseException) -> Tuple[str, int]:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if isinstance(error, tf.errors.OpError):
     return _explain_op_error(error)
-  if isinstance(error, _USER_ERRORS):
+  if isinstance(error, _USER_ERRORS) and not isinstance(error, _RUN_TIME):
     return one_line(str(error)), USAGE
   name = type(error).__name__
   return f"{name}: {one_line(str(error))}", FAILURE

@@ -379,6 +379,17 @@ def test_traceback_on_request(monkeypatch, capsys):
   assert not errors.wants_traceback(["train.py", "-v", "0"])
 
 
+@pytest.mark.parametrize("error,status", [
+    (ValueError("x"), 2), (FileNotFoundError("x"), 2), (TypeError("x"), 2),
+    (TimeoutError("ps task 0 did not answer"), 1),
+    (ConnectionError("reset"), 1), (RuntimeError("x"), 1),
+    (tf.errors.UnavailableError(None, None, "Socket closed"), 1)])
+def test_whose_error_it_is(error, status):
+  message, got = errors.explain(error)
+  assert got == status and message.endswith(("x", "answer", "reset",
+                                             "Socket closed"))
+
+
 # The checkpoint comparison on hand-written variable lists.
 LENET = {"global_step": [], "LeNet/fc4/weights": [512, 10],
          "LeNet/fc4/biases": [10]}
