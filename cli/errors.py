@@ -69,6 +69,13 @@ def _explain_op_error(error) -> Tuple[str, int]:
     damaged = record_checks.find_damaged_record()
     if damaged:
       return damaged, USAGE
+  missing = re.search(r"Failed to find any matching files for (\S+)",
+                      error.message)
+  if isinstance(error, tf.errors.NotFoundError) and missing:
+    path = missing.group(1).rstrip(".,;")
+    return (f"{path} is not a checkpoint (no {path}.index); give a "
+            "checkpoint prefix such as <model_dir>/model.ckpt-<step>, or a "
+            "model dir's latest by leaving the flag out"), USAGE
   found = re.search(r"assertion failed: \[(.*?)\]\s*(\n|$)", error.message,
                     re.S)
   if found and re.search(r"record \d+ in ", found.group(1)):

@@ -41,7 +41,9 @@ FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 SCRIPTS = {"train": train, "eval": eval_script, "export": export}
-LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
+# absl's log lines, and TensorFlow's C++ ones (WARNING and above when quiet).
+LOG_LINE = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] |"
+                      r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] )")
 TRAIN_DEFAULTS = ["--max_steps=2", "--batch_size=8", "--model_dir={tmp}/model"]
 SYNTHETIC = ["--dataset_name=synthetic", "--image_size=8", "--model_name=lenet"]
 RECORDS = ["--dataset_name=tfrecord", "--dataset_dir={tmp}/data",
@@ -280,6 +282,10 @@ MISTAKES = [
                                             "--once"],
         r"--model_dir=.*/model holds no checkpoint; run train.py",
         setup=empty_model_dir),
+    row("export_checkpoint_path_missing", "export",
+        ["--model_dir={trained}", "--checkpoint_path={tmp}/model.ckpt-9",
+         "--export_dir={tmp}/e"],
+        r"/model.ckpt-9 is not a checkpoint \(no .*/model.ckpt-9.index\)"),
     row("export_without_checkpoint", "export",
         ["--model_dir={tmp}/model", "--export_dir={tmp}/e"],
         r"--model_dir=.*/model holds no checkpoint", setup=empty_model_dir),
