@@ -100,6 +100,10 @@ def label_out_of_range(tmp):
   write_records(f"{tmp}/data", [(png(), 1), (png(), 7)])  # 3 classes.
 
 
+def negative_label(tmp):
+  write_records(f"{tmp}/data", [(png(), -1), (png(), 0)])
+
+
 def no_shards(tmp):
   os.makedirs(f"{tmp}/data")
 
@@ -244,6 +248,9 @@ MISTAKES = [
     row("label_out_of_range", "train", RECORDS,
         r"label 7 of record 1 in .*/data/train-00000-of-00001.tfrecord is "
         r"outside \[0, 3\).*give --num_classes", setup=label_out_of_range),
+    row("negative_label", "train", RECORDS,
+        r"label -1 of record 0 in .*/data/train-00000-of-00001.tfrecord is "
+        r"outside \[0, 3\)", setup=negative_label),
     # Model dirs.
     row("model_dir_not_writable", "train",
         ["--model_dir=/proc/estimator_multigpu_test"],
