@@ -29,6 +29,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator_multigpu import checkpoints
+
 from cli import errors
 from cli import model_dir_check
 from datasets import record_checks
@@ -155,6 +157,8 @@ MISTAKES = [
         r"number >= 2"),
     row("num_classes_one", "train", ["--num_classes=1"],
         r"--num_classes=1: expected a number >= 2"),
+    row("num_classes_other_than_digits", "train", ["--num_classes=5"],
+        r"digits has 10 classes, got num_classes=5; leave it unset"),
     row("decay_steps_zero", "train", ["--decay_steps=0"],
         r"--decay_steps=0: expected a number >= 1"),
     row("model_name_unknown", "train", ["--model_name=resnet"],
@@ -390,6 +394,22 @@ def test_traceback_on_request(monkeypatch, capsys):
   assert errors.wants_traceback(["train.py", "--verbosity=1"])
   monkeypatch.delenv(errors.TRACEBACK_ENV)
   assert not errors.wants_traceback(["train.py", "-v", "0"])
+
+
+def test_leftovers_of_a_killed_save_go_complete_checkpoints_stay(
+    trained, tmp_path, caplog):
+  # Issue 17, deliverable 4 (estimator_multigpu.checkpoints; see also
+  # tests/core/test_checkpoints.py): a SIGKILL during a save leaves
+  # model.ckpt-N_temp/, removed with an INFO line when training starts.
+  model_dir = str(tmp_path / "model")
+  shutil.copytree(trained["trained"], model_dir)
+  os.makedirs(f"{model_dir}/model.ckpt-3_temp/part")
+  caplog.set_level("INFO", logger="absl")
+  assert checkpoints.prepare_model_dir(model_dir).endswith("model.ckpt-2")
+  assert not os.path.exists(f"{model_dir}/model.ckpt-3_temp")
+  assert os.path.exists(f"{model_dir}/model.ckpt-2.index")
+  assert f"Removed {model_dir}/model.ckpt-3_temp, left by an interrupted " \
+         "checkpoint save." in caplog.text
 
 
 @pytest.mark.parametrize("error,status", [
