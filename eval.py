@@ -129,7 +129,8 @@ def main(argv):
     return evaluate(estimator, input_fn, checkpoint, total)
 
   model_dir_check.check_estimator(
-      build_estimator(towers, config, FLAGS.model_dir, use_ema=False),
+      build_estimator(model_dir_check.one_tower(towers), config,
+                      FLAGS.model_dir, use_ema=False),
       model_dir_check.input_specs(input_fn), config.num_classes,
       tf.estimator.ModeKeys.EVAL)
   metrics = evaluation.evaluate_checkpoints(

@@ -462,8 +462,9 @@ def run(task: Optional[cluster.Task]) -> int:
                             trainer_number(task), setup.dataset_name,
                             setup.dataset_dir)
   if task is None or task.is_chief:
-    model_dir_check.check_estimator(
-        estimator, model_dir_check.input_specs(input_fn), setup.num_classes)
+    model_dir_check.check_estimator(make_estimator(
+        task, model_dir_check.one_tower(towers), config, schedule),
+        model_dir_check.input_specs(input_fn), setup.num_classes)
     record_run(setup, config, towers, FLAGS.model_dir)
   received = train(estimator, task, towers, input_fn, setup)
   if received is None:

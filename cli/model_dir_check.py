@@ -20,10 +20,13 @@ logits' shape, moving averages from `w/ExponentialMovingAverage`.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import re
 from typing import Dict, List, Optional
 
+from absl import logging
 import tensorflow as tf
 
 import nets
@@ -59,7 +62,7 @@ def graph_shapes(model_fn, mode: str, features_spec, labels_spec,
       e.g. the input dataset's `element_spec`.
     config: the Estimator's RunConfig.
   """
-  with tf.Graph().as_default():
+  with tf.Graph().as_default(), _quiet():
     tf1.train.get_or_create_global_step()
     features = tf1.placeholder(features_spec.dtype, features_spec.shape)
     labels = None if labels_spec is None else tf1.placeholder(
@@ -67,6 +70,23 @@ def graph_shapes(model_fn, mode: str, features_spec, labels_spec,
     model_fn(features, labels, mode, config)
     return {variable.op.name: variable.shape.as_list()
             for variable in tf1.global_variables()}
+
+
+@contextlib.contextmanager
+def _quiet():
+  """No INFO/WARNING lines from the scratch graph (the run logs its own)."""
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
+  try:
+    yield
+  finally:
+    logging.set_verbosity(verbosity)
+
+
+def one_tower(towers):
+  """`towers` (common_flags.Towers) cut to the first: the variables are the
+  same for any tower count, and one tower builds N times faster."""
+  return dataclasses.replace(towers, devices=towers.devices[:1])
 
 
 def net_of(shapes: Shapes) -> Optional[str]:
