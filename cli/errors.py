@@ -9,7 +9,7 @@ whose it is:
 - 2 (`USAGE`): a bad flag or input: absl's flag errors and validators
   (cli/validators.py), `ValueError`/`TypeError`/`OSError` raised for the
   flags, data files or a model dir that does not fit, bad records (named by
-  datasets/record_checks.py).
+  datasets/record_checks.py), a checkpoint path with no checkpoint.
 - 1 (`FAILURE`): a failure at run time: a NaN loss, a cluster peer that
   does not answer (`TimeoutError`, `ConnectionError`), a TensorFlow error
   other than a bad record, anything unexpected.
@@ -47,7 +47,7 @@ def one_line(text: str) -> str:
   """`text` without TensorFlow's node and stack lines, on one line."""
   kept = [line.strip() for line in str(text).splitlines()
           if line.strip() and not line.strip().startswith(_NOISE)]
-  return re.sub(r"\s+", " ", " ".join(kept)).strip() or type(text).__name__
+  return re.sub(r"\s+", " ", " ".join(kept)).strip() or "(no message)"
 
 
 def explain(error: BaseException) -> Tuple[str, int]:
@@ -62,25 +62,39 @@ def explain(error: BaseException) -> Tuple[str, int]:
 
 
 def _explain_op_error(error) -> Tuple[str, int]:
-  """TensorFlow's run-time errors; bad records are named (status 2)."""
+  """TensorFlow's run-time errors; bad records and checkpoint paths are the
+  user's (status 2), named."""
+  message = _bad_record(error) or _not_a_checkpoint(error)
+  if message:
+    return message, USAGE
+  return f"{type(error).__name__}: {one_line(error.message)}", FAILURE
+
+
+def _bad_record(error) -> Optional[str]:
+  """A damaged record file (DataLossError) or a record check that failed
+  (datasets/record_checks.py), named; else None."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from datasets import record_checks  # pylint: disable=g-import-not-at-top
   if isinstance(error, tf.errors.DataLossError):
-    damaged = record_checks.find_damaged_record()
-    if damaged:
-      return damaged, USAGE
-  missing = re.search(r"Failed to find any matching files for (\S+)",
-                      error.message)
-  if isinstance(error, tf.errors.NotFoundError) and missing:
-    path = missing.group(1).rstrip(".,;")
-    return (f"{path} is not a checkpoint (no {path}.index); give a "
-            "checkpoint prefix such as <model_dir>/model.ckpt-<step>, or a "
-            "model dir's latest by leaving the flag out"), USAGE
+    return record_checks.find_damaged_record()
   found = re.search(r"assertion failed: \[(.*?)\]\s*(\n|$)", error.message,
                     re.S)
   if found and re.search(r"record \d+ in ", found.group(1)):
-    return one_line(found.group(1)), USAGE
-  return f"{type(error).__name__}: {one_line(error.message)}", FAILURE
+    return one_line(found.group(1))
+  return None
+
+
+def _not_a_checkpoint(error) -> Optional[str]:
+  """A checkpoint path with no checkpoint (NotFoundError); else None."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  missing = re.search(r"Failed to find any matching files for (\S+)",
+                      error.message)
+  if not isinstance(error, tf.errors.NotFoundError) or not missing:
+    return None
+  path = missing.group(1).rstrip(".,;")
+  return (f"{path} is not a checkpoint (no {path}.index); give a checkpoint "
+          "prefix such as <model_dir>/model.ckpt-<step>, or leave the flag "
+          "out for the model dir's latest")
 
 
 def wants_traceback(argv: Sequence[str]) -> bool:
