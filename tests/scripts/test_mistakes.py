@@ -25,16 +25,13 @@ from typing import Callable, Optional
 
 from absl import flags
 from absl.testing import flagsaver
-import numpy as np
 import pytest
-import tensorflow as tf
 
 from estimator_multigpu import checkpoints
 
 from cli import errors
-from cli import model_dir_check
 from datasets import record_checks
-from datasets import tfrecord
+import bad_inputs as bad
 import eval as eval_script
 import export
 import train
@@ -50,80 +47,8 @@ TRAIN_DEFAULTS = ["--max_steps=2", "--batch_size=8", "--model_dir={tmp}/model"]
 SYNTHETIC = ["--dataset_name=synthetic", "--image_size=8", "--model_name=lenet"]
 RECORDS = ["--dataset_name=tfrecord", "--dataset_dir={tmp}/data",
            "--image_size=8", "--batch_size=2"]
-SHARD = "train-00000-of-00001.tfrecord"
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")
-
-
-# ------------------------------------------------------------ bad data
-
-
-def png() -> bytes:
-  return tf.io.encode_png(np.zeros((8, 8, 3), np.uint8)).numpy()
-
-
-def write_records(folder: str, images_and_labels, classes: int = 3) -> str:
-  """A split of one shard plus labels.txt; returns the shard's path."""
-  os.makedirs(folder, exist_ok=True)
-  tfrecord.write_label_file([f"c{i}" for i in range(classes)], folder)
-  path = os.path.join(folder, SHARD)
-  with tf.io.TFRecordWriter(path) as writer:
-    for image, label in images_and_labels:
-      writer.write(tfrecord.make_example(image, b"png", label, 8, 8)
-                   .SerializeToString())
-  return path
-
-
-def good_records(tmp: str) -> str:
-  return write_records(f"{tmp}/data", [(png(), k % 3) for k in range(3)])
-
-
-def zero_byte_shard(tmp):
-  open(good_records(tmp), "wb").close()
-
-
-def truncated_shard(tmp):
-  path = good_records(tmp)
-  os.truncate(path, os.path.getsize(path) - 10)  # into record 2 of 3.
-
-
-def corrupt_shard(tmp):
-  path = good_records(tmp)
-  data = bytearray(open(path, "rb").read())
-  data[20:30] = b"x" * 10  # record 0's data: its CRC no longer matches.
-  open(path, "wb").write(bytes(data))
-
-
-def undecodable_image(tmp):
-  write_records(f"{tmp}/data", [(png(), 0), (b"not an image", 1)])
-
-
-def label_out_of_range(tmp):
-  write_records(f"{tmp}/data", [(png(), 1), (png(), 7)])  # 3 classes.
-
-
-def negative_label(tmp):
-  write_records(f"{tmp}/data", [(png(), -1), (png(), 0)])
-
-
-def no_shards(tmp):
-  os.makedirs(f"{tmp}/data")
-
-
-def garbled_labels_file(tmp):
-  good_records(tmp)
-  with open(f"{tmp}/data/labels.txt", "w") as f:
-    f.write("zero\n")
-
-
-def garbled_run_config(tmp):
-  os.makedirs(f"{tmp}/model")
-  with open(f"{tmp}/model/run_config.json", "w") as f:
-    f.write("{")
-
-
-def empty_model_dir(tmp):
-  os.makedirs(f"{tmp}/model")
 
 
 # ------------------------------------------------------------ the table
@@ -227,41 +152,41 @@ MISTAKES = [
         r"--export_dir is required"),
     row("eval_split_unknown", "eval", ["--model_dir={tmp}/model",
                                        "--eval_split=test", "--once"],
-        r"Unknown split 'test' for dataset 'digits'", setup=empty_model_dir),
+        r"Unknown split 'test' for dataset 'digits'", setup=bad.empty_model_dir),
     # Data.
     row("dataset_dir_missing", "train", [*RECORDS, "--num_classes=3"],
         r"data_dir '.*/data' is not a directory"),
     row("no_shards_of_the_split", "train", [*RECORDS, "--num_classes=3"],
         r"No TFRecord files for split 'train' in data_dir '.*/data'",
-        setup=no_shards),
+        setup=bad.no_shards),
     row("garbled_labels_file", "train", RECORDS,
         r"labels.txt:1: expected \"<id>:<name>\", got 'zero'",
-        setup=garbled_labels_file),
+        setup=bad.garbled_labels_file),
     row("zero_byte_record_file", "train", RECORDS,
         r"Record file .*/data/train-00000-of-00001.tfrecord is empty "
-        r"\(0 bytes\)", setup=zero_byte_shard),
+        r"\(0 bytes\)", setup=bad.zero_byte_shard),
     row("truncated_record_file", "train", RECORDS,
         r"Record file .*/data/train-00000-of-00001.tfrecord is damaged from "
-        r"record 2 on \(truncated record", setup=truncated_shard),
+        r"record 2 on \(truncated record", setup=bad.truncated_shard),
     row("corrupt_record_file", "train", RECORDS,
         r"Record file .*/data/train-00000-of-00001.tfrecord is damaged from "
-        r"record 0 on \(corrupted record", setup=corrupt_shard),
+        r"record 0 on \(corrupted record", setup=bad.corrupt_shard),
     row("undecodable_image", "train", RECORDS,
         r"the image of record 1 in .*/data/train-00000-of-00001.tfrecord "
-        r"cannot be decoded", setup=undecodable_image),
+        r"cannot be decoded", setup=bad.undecodable_image),
     row("label_out_of_range", "train", RECORDS,
         r"label 7 of record 1 in .*/data/train-00000-of-00001.tfrecord is "
-        r"outside \[0, 3\).*give --num_classes", setup=label_out_of_range),
+        r"outside \[0, 3\).*give --num_classes", setup=bad.label_out_of_range),
     row("negative_label", "train", RECORDS,
         r"label -1 of record 0 in .*/data/train-00000-of-00001.tfrecord is "
-        r"outside \[0, 3\)", setup=negative_label),
+        r"outside \[0, 3\)", setup=bad.negative_label),
     # Model dirs.
     row("model_dir_not_writable", "train",
         ["--model_dir=/proc/estimator_multigpu_test"],
         r"--model_dir=/proc/estimator_multigpu_test cannot be written"),
     row("garbled_run_config", "train", [],
         r"model/run_config.json cannot be read .* fix or delete it",
-        setup=garbled_run_config),
+        setup=bad.garbled_run_config),
     row("other_net_than_recorded", "train", ["--model_dir={trained}",
                                              "--model_name=mlp"],
         r"--model_name=mlp but --model_dir=.* holds checkpoints of "
@@ -292,14 +217,14 @@ MISTAKES = [
     row("eval_without_checkpoint", "eval", ["--model_dir={tmp}/model",
                                             "--once"],
         r"--model_dir=.*/model holds no checkpoint; run train.py",
-        setup=empty_model_dir),
+        setup=bad.empty_model_dir),
     row("export_checkpoint_path_missing", "export",
         ["--model_dir={trained}", "--checkpoint_path={tmp}/model.ckpt-9",
          "--export_dir={tmp}/e"],
         r"/model.ckpt-9 is not a checkpoint \(no .*/model.ckpt-9.index\)"),
     row("export_without_checkpoint", "export",
         ["--model_dir={tmp}/model", "--export_dir={tmp}/e"],
-        r"--model_dir=.*/model holds no checkpoint", setup=empty_model_dir),
+        r"--model_dir=.*/model holds no checkpoint", setup=bad.empty_model_dir),
     # At run time (status 1).
     row("loss_diverges", "train",
         ["--model_name=mlp", "--optimizer=sgd", "--learning_rate=1e12",
@@ -384,18 +309,6 @@ def test_the_table_covers_flags_data_and_model_dirs():
   assert {m.values[0].script for m in MISTAKES} == set(SCRIPTS)
 
 
-def test_traceback_on_request(monkeypatch, capsys):
-  monkeypatch.setenv(errors.TRACEBACK_ENV, "1")
-  assert run_in_process("train", ["--model_dir=/proc/emg_test",
-                                  "--max_steps=1"]) == 2
-  stderr = capsys.readouterr().err
-  assert "Traceback (most recent call last)" in stderr
-  assert stderr.splitlines()[-1].startswith("train.py: error: --model_dir=")
-  assert errors.wants_traceback(["train.py", "--verbosity=1"])
-  monkeypatch.delenv(errors.TRACEBACK_ENV)
-  assert not errors.wants_traceback(["train.py", "-v", "0"])
-
-
 def test_leftovers_of_a_killed_save_go_complete_checkpoints_stay(
     trained, tmp_path, caplog):
   # Issue 17, deliverable 4 (estimator_multigpu.checkpoints; see also
@@ -412,45 +325,13 @@ def test_leftovers_of_a_killed_save_go_complete_checkpoints_stay(
          "checkpoint save." in caplog.text
 
 
-@pytest.mark.parametrize("error,status", [
-    (ValueError("x"), 2), (FileNotFoundError("x"), 2), (TypeError("x"), 2),
-    (TimeoutError("ps task 0 did not answer"), 1),
-    (ConnectionError("reset"), 1), (RuntimeError("x"), 1),
-    (tf.errors.UnavailableError(None, None, "Socket closed"), 1)])
-def test_whose_error_it_is(error, status):
-  message, got = errors.explain(error)
-  assert got == status and message.endswith(("x", "answer", "reset",
-                                             "Socket closed"))
-
-
-# The checkpoint comparison on hand-written variable lists.
-LENET = {"global_step": [], "LeNet/fc4/weights": [512, 10],
-         "LeNet/fc4/biases": [10]}
-MOMENTUM = {f"{name}/Momentum": shape for name, shape in LENET.items()
-            if name != "global_step"}
-
-
-@pytest.mark.parametrize("built,expected", [
-    (LENET, None),  # the same graph, without the slots: eval, export.
-    ({**LENET, **MOMENTUM}, None),
-    ({"global_step": [], "MLP/logits/weights": [64, 10]},
-     "written with --model_name=lenet; this run builds --model_name=mlp"),
-    ({"global_step": [], "LeNet/fc4/weights": [512, 5],
-      "LeNet/fc4/biases": [5]},
-     "written with --num_classes=10 (LeNet/fc4/biases is [10]); this run "
-     "builds --num_classes=5 ([5])"),
-    ({**LENET, "LeNet/fc4/biases/Adam": [10]},
-     "written with --optimizer=momentum; this run uses --optimizer=adam"),
-    ({**LENET, "LeNet/fc4/biases/ExponentialMovingAverage": [10]},
-     "which has no moving averages"),
-    ({**LENET, "loss_scale": []}, "lacks 1 variable(s) of this run's graph"),
-])
-def test_mismatch_names_what_the_checkpoint_was_written_with(built,
-                                                             expected):
-  saved = {**LENET, **MOMENTUM}
-  wrong = model_dir_check.mismatch(saved, built,
-                                   built.get("LeNet/fc4/biases", [5])[0])
-  if expected is None:
-    assert wrong is None
-  else:
-    assert expected in wrong, wrong
+def test_traceback_on_request(monkeypatch, capsys):
+  monkeypatch.setenv(errors.TRACEBACK_ENV, "1")
+  assert run_in_process("train", ["--model_dir=/proc/emg_test",
+                                  "--max_steps=1"]) == 2
+  stderr = capsys.readouterr().err
+  assert "Traceback (most recent call last)" in stderr
+  assert stderr.splitlines()[-1].startswith("train.py: error: --model_dir=")
+  assert errors.wants_traceback(["train.py", "--verbosity=1"])
+  monkeypatch.delenv(errors.TRACEBACK_ENV)
+  assert not errors.wants_traceback(["train.py", "-v", "0"])
