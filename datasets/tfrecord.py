@@ -63,9 +63,9 @@ def find_shards(data_dir: Optional[str], split: str) -> List[str]:
     The sorted, non-empty list of matching paths.
 
   Raises:
-    ValueError: if `data_dir` is unset or `split` is not a plain name.
+    ValueError: if `data_dir` is unset, `split` is not a plain name, or a
+      matching file is empty (0 bytes).
     FileNotFoundError: if `data_dir` is missing or holds no matching file.
-    ValueError: a matching file is empty (0 bytes).
   """
   _pipeline.check_split_name(split)
   if not data_dir:
