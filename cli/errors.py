@@ -139,12 +139,27 @@ def parser(doc: str) -> Callable[[list], list]:
   return parse
 
 
+def check_no_arguments(args: Sequence[str]) -> None:
+  """The scripts take flags only: a word without `--` is a mistake.
+
+  Raises:
+    app.UsageError: naming the words, e.g. `model_dir=runs/a`.
+  """
+  if len(args) > 1:
+    words = " ".join(args[1:])
+    example = f"--{args[1].lstrip('-')}" if "=" in args[1] else "--name=value"
+    raise app.UsageError(
+        f"unexpected argument(s) {words!r}: the script takes flags only, "
+        f"each starting with --, e.g. {example}.")
+
+
 def guarded(main: Callable[[list], Optional[int]],
             argv: Sequence[str]) -> Callable[[list], Optional[int]]:
   """`main`, with any exception (not SystemExit) reported by `report`."""
 
   def run_main(args: list) -> Optional[int]:
     try:
+      check_no_arguments(args)
       return main(args)
     except Exception as error:  # pylint: disable=broad-except
       sys.exit(report(error, argv))

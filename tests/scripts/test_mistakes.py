@@ -95,6 +95,9 @@ MISTAKES = [
         r"Unknown command line flag 'bogus'; python train.py --help"),
     row("misspelt_flag", "train", ["--batchsize=3"],
         r"'batchsize'. Did you mean: batch_size"),
+    row("flag_without_dashes", "train", ["model_name=mlp"],
+        r"unexpected argument\(s\) 'model_name=mlp': .* e.g. "
+        r"--model_name=mlp"),
     row("not_a_number", "train", ["--max_steps=ten"],
         r"--max_steps=ten: invalid literal"),
     row("unknown_optimizer", "train", ["--optimizer=lamb"],
