@@ -19,7 +19,6 @@ import math
 import os
 from typing import Optional, Sequence
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -40,8 +39,10 @@ from cli import checkpoint_flags
 import classifier
 from cli import common_flags
 from cli import data_flags
+from cli import errors
+from cli import model_dir_check
 import datasets
-from cli import flag_groups
+from cli import validators
 
 FLAGS = flags.FLAGS
 tf1 = tf.compat.v1
@@ -56,6 +57,7 @@ flags.register_validator(
     "max_num_batches", lambda value: value is None or value > 0,
     message="expected a number of batches > 0; omit --max_num_batches to "
     "evaluate the whole split.")
+validators.register()
 
 
 class ProgressBarHook(tf1.train.SessionRunHook):
@@ -164,6 +166,11 @@ def main(argv):
     return evaluate(estimator, input_fn, checkpoint, total,
                     FLAGS.max_num_batches)
 
+  model_dir_check.check_estimator(
+      build_estimator(model_dir_check.one_tower(towers), config, model_dir,
+                      use_ema=False),
+      model_dir_check.input_specs(input_fn), config.num_classes,
+      tf.estimator.ModeKeys.EVAL, checkpoint)
   if checkpoint:
     metrics = evaluate_checkpoint(checkpoint)
   else:
@@ -174,4 +181,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=flag_groups.parser(__doc__))
+  errors.run(main, __doc__)

@@ -40,15 +40,24 @@ import estimator_multigpu as emg
 from cli import checkpoint_flags
 import classifier
 from cli import common_flags
+from cli import errors
+from cli import model_dir_check
 import datasets
-from cli import flag_groups
 import serving
+from cli import validators
 
 FLAGS = flags.FLAGS
 
 flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (a "
                     "numbered subdirectory is created).")
 # --checkpoint_path: cli/checkpoint_flags.py (shared with train.py, eval.py).
+validators.register()
+
+
+def serving_specs(image_size: int, preprocessing: dict) -> tuple:
+  """(features, labels) specs of the net's input in the serving graph."""
+  return (tf.TensorSpec([None, image_size, image_size,
+                         preprocessing.get("channels")], tf.float32), None)
 
 
 def build_estimator(config: classifier.ClassifierConfig, model_dir: str,
@@ -91,6 +100,9 @@ def export(model_dir: str, export_dir: str,
                setup.num_classes, setup.image_size, setup.image_size,
                preprocessing.get("pixel_scale", 1.0))
   estimator = build_estimator(setup.classifier_config(), model_dir, use_ema)
+  model_dir_check.check_estimator(estimator, serving_specs(
+      setup.image_size, preprocessing), setup.num_classes,
+                                  tf.estimator.ModeKeys.PREDICT, checkpoint)
   path = estimator.export_saved_model(
       export_dir, serving.receiver_fn(setup.image_size, preprocessing),
       checkpoint_path=checkpoint)
@@ -108,4 +120,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=flag_groups.parser(__doc__))
+  errors.run(main, __doc__)

@@ -35,7 +35,6 @@ import sys
 import tempfile
 from typing import Optional
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -56,10 +55,12 @@ from estimator_multigpu.cluster import job_control
 import classifier
 from cli import checkpoint_flags  # pylint: disable=unused-import
 from cli import common_flags
+from cli import errors
+from cli import model_dir_check
 import datasets
 from cli import fine_tuning
-from cli import flag_groups
 from cli import optimization_flags
+from cli import validators
 from cli import run_checks
 from cli import run_config
 from cli import train_data_flags
@@ -134,6 +135,7 @@ flags.DEFINE_integer("stop_grace_secs", 60, "After SIGTERM/Ctrl-C, exit "
 flags.DEFINE_integer("eval_timeout_secs", 600, "Cluster: the evaluator stops "
                      "after this long without a new checkpoint.")
 optimization_flags.register_validators()
+validators.register(data_flags=True)
 
 
 def check_model_dir(model_dir: str, min_free_mb: int) -> None:
@@ -483,6 +485,9 @@ def run(task: Optional[cluster.Task]) -> int:
   config, warm_start = fine_tuning.from_flags(config, setup.record,
                                               FLAGS.model_dir, input_fn)
   if task is None or task.is_chief:
+    model_dir_check.check_estimator(make_estimator(
+        task, model_dir_check.one_tower(towers), config, schedule),
+        model_dir_check.input_specs(input_fn), setup.num_classes)
     record_run(setup, config, towers, FLAGS.model_dir)
   estimator = make_estimator(task, towers, config, schedule, warm_start)
   if task is not None and task.type == cluster.EVALUATOR:
@@ -511,12 +516,11 @@ def log_done(task: Optional[cluster.Task]) -> None:
 
 
 def run_cluster_task(task: cluster.Task) -> int:
-  """`run(task)`, with an error logged (traceback) as exit status 1."""
+  """`run(task)`; an error is one line (cli/errors.py) and its status."""
   try:
     return run(task)
-  except Exception:  # pylint: disable=broad-except
-    logging.exception("Task %s failed.", task.device)
-    return 1
+  except Exception as error:  # pylint: disable=broad-except
+    return errors.report(error, sys.argv, task.device)
 
 
 def main(argv):
@@ -529,4 +533,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=flag_groups.parser(__doc__))
+  errors.run(main, __doc__)

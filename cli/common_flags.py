@@ -21,6 +21,7 @@ import datasets
 import nets
 from cli import data_flags  # --dataset_split_name, --labels_offset.
 from cli import run_config
+from cli import validators
 
 FLAGS = flags.FLAGS
 
@@ -97,6 +98,7 @@ def resolve_towers(num_gpus: Optional[int], devices: Optional[list],
   if len(given) > 1:
     raise ValueError(f"{' and '.join(given)} both choose the towers; give "
                      "only one of --devices, --num_gpus, --virtual_cpus.")
+  validators.check_num_gpus(num_gpus, devices_lib.num_visible_gpus())
   if devices is None and num_gpus is None and virtual_cpus is None:
     virtual_cpus = None if devices_lib.num_visible_gpus() else 2
   num_cpus = virtual_cpus or 1

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from datasets import _pipeline
+from datasets import record_checks
 from preprocessing import preprocessing_factory
 
 NAME = 'tfrecord'
@@ -63,7 +64,8 @@ def find_shards(data_dir: Optional[str], split: str) -> List[str]:
     The sorted, non-empty list of matching paths.
 
   Raises:
-    ValueError: if `data_dir` is unset or `split` is not a plain name.
+    ValueError: if `data_dir` is unset, `split` is not a plain name, or a
+      matching file is empty (0 bytes).
     FileNotFoundError: if `data_dir` is missing or holds no matching file.
   """
   _pipeline.check_split_name(split)
@@ -76,6 +78,7 @@ def find_shards(data_dir: Optional[str], split: str) -> List[str]:
   files = sorted(tf.io.gfile.glob(shard_pattern(data_dir, split)))
   if not files:
     raise _no_records_error(data_dir, split)
+  record_checks.check_shards(files)
   return files
 
 
@@ -188,31 +191,26 @@ def _check_channels(channels: int) -> int:
 def _decoder(hw: Tuple[int, int], channels: int, num_classes: Optional[int],
              preprocess_fn=preprocessing_factory.get_preprocessing(
                  preprocessing_factory.DEFAULT_NAME), labels_offset: int = 0):
-  """Returns the map from (a serialized Example, a seed) to `(image, label)`.
+  """Returns the map from `((file, index, serialized Example), seed)` to
+  `(image, label)`; a bad image or label fails naming the file and index.
 
   `preprocess_fn` (default: resize) sizes the image; the stored label minus
   `labels_offset` is the class.
   """
-  def fn(serialized, seed=None):
+  def fn(record, seed=None):
+    path, index, serialized = record
     features = tf.io.parse_single_example(serialized, _FEATURES)
-    image = tf.io.decode_image(features[IMAGE_KEY], channels=channels,
+    encoded = record_checks.check_image_bytes(features[IMAGE_KEY], path,
+                                              index)
+    image = tf.io.decode_image(encoded, channels=channels,
                                expand_animations=False)
     image = preprocess_fn(tf.cast(image, tf.float32), hw[0], hw[1], seed)
     image.set_shape([hw[0], hw[1], channels])
     label = tf.cast(features[LABEL_KEY], tf.int32) - labels_offset
-    return image * (1.0 / 255.0), _checked_label(label, num_classes)
+    if num_classes is not None:
+      label = record_checks.check_label(label, num_classes, path, index)
+    return image * (1.0 / 255.0), label
   return fn
-
-
-def _checked_label(label: tf.Tensor, num_classes: Optional[int]) -> tf.Tensor:
-  """Adds an in-graph check that 0 <= label < num_classes, if known."""
-  if num_classes is None:
-    return label
-  check = tf.debugging.assert_less(
-      label, num_classes, message=f'label out of range [0, {num_classes})')
-  check_low = tf.debugging.assert_non_negative(label, message='label < 0')
-  with tf.control_dependencies([check, check_low]):
-    return tf.identity(label)
 
 
 def _read_records(data_dir: str, split: str, num_files: int, shuffle: bool,
@@ -221,7 +219,7 @@ def _read_records(data_dir: str, split: str, num_files: int, shuffle: bool,
   files = tf.data.Dataset.list_files(
       shard_pattern(data_dir, split), shuffle=shuffle, seed=seed)
   return files.interleave(
-      tf.data.TFRecordDataset,
+      record_checks.with_file_and_index,
       cycle_length=min(num_files, MAX_PARALLEL_READS),
       num_parallel_calls=tf.data.AUTOTUNE,
       deterministic=not shuffle or seed is not None)
@@ -271,6 +269,7 @@ def tfrecord_dataset(data_dir: str, split: str, batch_size: int, *,
   if num_classes is not None:
     _pipeline.check_positive_int('num_classes', num_classes)
   files = find_shards(data_dir, split)
+  record_checks.remember(files)
   is_train = split == _pipeline.TRAIN if is_training is None else is_training
   shuffle = is_train if shuffle is None else shuffle
   drop_remainder = _pipeline.check_drop_remainder(split, drop_remainder,

@@ -190,7 +190,7 @@ def test_unusable_model_dir_fails_before_any_step(tmp_path, args, message):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--model_name=resnet"], "Unknown network `resnet`; expected one of"),
+    (["--model_name=resnet"], "--model_name=resnet: expected one of"),
     (["--dataset_name=imagenet"], "value should be one of <digits|synthetic"),
     (["--dataset_name=tfrecord", "--dataset_dir=/nonexistent",
       "--num_classes=3", "--image_size=8"], "/nonexistent"),
@@ -200,7 +200,7 @@ def test_unusable_model_dir_fails_before_any_step(tmp_path, args, message):
     (["--save_checkpoints_secs=0"], "--save_checkpoints_secs=0 would never"),
     (["--save_checkpoints_secs=60", "--save_checkpoints_steps=10"],
      "both set when to save; give only one"),
-    (["--learning_rate=nan"], "`learning_rate` (nan) must be a finite number"),
+    (["--learning_rate=nan"], "--learning_rate=nan: expected a finite number"),
 ])
 def test_bad_flags_are_clear_errors(tmp_path, args, message):
   result = run_train(tmp_path, "--max_steps=1", *args, timeout=120)

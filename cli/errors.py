@@ -1,0 +1,180 @@
+"""The scripts' entry point: a mistake ends with one line on stderr.
+
+`run(main, doc)` replaces `app.run(main, flags_parser=...)` in train.py,
+eval.py and export.py. It keeps the grouped `--help` (cli/flag_groups.py)
+and turns every error into ONE line on stderr, `<script>: error: <what was
+given, what was expected, how to fix it>`, with an exit status that says
+whose it is:
+
+- 2 (`USAGE`): a bad flag or input: absl's flag errors and validators
+  (cli/validators.py), `ValueError`/`TypeError`/`OSError` raised for the
+  flags, data files or a model dir that does not fit, bad records (named by
+  datasets/record_checks.py), a checkpoint path with no checkpoint.
+- 1 (`FAILURE`): a failure at run time: a NaN loss, a cluster peer that
+  does not answer (`TimeoutError`, `ConnectionError`), a TensorFlow error
+  other than a bad record, anything unexpected.
+
+No traceback is shown unless `--verbosity=1` (or higher) or the environment
+variable `EMG_TRACEBACK=1`. Exits by signal keep their status (`SystemExit`
+passes through: 128 + signal after SIGTERM or Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import traceback
+from typing import Callable, Optional, Sequence, Tuple
+
+from absl import app
+from absl import flags
+
+from cli import flag_groups
+from cli import script_logging
+
+USAGE = 2
+FAILURE = 1
+TRACEBACK_ENV = "EMG_TRACEBACK"
+FLAGS = flags.FLAGS
+_USER_ERRORS = (ValueError, TypeError, OSError, app.UsageError, flags.Error)
+_RUN_TIME = (TimeoutError, ConnectionError)  # OSErrors: a peer, not a flag.
+_NOISE = ("Graph execution error", "Detected at node", "File ", "Node:",
+          "[[", "Original stack trace", "Instructions for updating")
+
+
+def one_line(text: str) -> str:
+  """`text` without TensorFlow's node and stack lines, on one line."""
+  kept = [line.strip() for line in str(text).splitlines()
+          if line.strip() and not line.strip().startswith(_NOISE)]
+  return re.sub(r"\s+", " ", " ".join(kept)).strip() or "(no message)"
+
+
+def explain(error: BaseException) -> Tuple[str, int]:
+  """(the one-line message, the exit status) for an error of a script."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if isinstance(error, tf.errors.OpError):
+    return _explain_op_error(error)
+  if isinstance(error, _USER_ERRORS) and not isinstance(error, _RUN_TIME):
+    return one_line(str(error)), USAGE
+  name = type(error).__name__
+  return f"{name}: {one_line(str(error))}", FAILURE
+
+
+def _explain_op_error(error) -> Tuple[str, int]:
+  """TensorFlow's run-time errors; bad records and checkpoint paths are the
+  user's (status 2), named."""
+  message = _bad_record(error) or _not_a_checkpoint(error)
+  if message:
+    return message, USAGE
+  return f"{type(error).__name__}: {one_line(error.message)}", FAILURE
+
+
+def _bad_record(error) -> Optional[str]:
+  """A damaged record file (DataLossError) or a record check that failed
+  (datasets/record_checks.py), named; else None."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from datasets import record_checks  # pylint: disable=g-import-not-at-top
+  if isinstance(error, tf.errors.DataLossError):
+    return record_checks.find_damaged_record()
+  found = re.search(r"assertion failed: \[(.*?)\]\s*(\n|$)", error.message,
+                    re.S)
+  if found and re.search(r"record \d+ in ", found.group(1)):
+    return one_line(found.group(1))
+  return None
+
+
+def _not_a_checkpoint(error) -> Optional[str]:
+  """A checkpoint path with no checkpoint (NotFoundError); else None."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  missing = re.search(r"Failed to find any matching files for (\S+)",
+                      error.message)
+  if not isinstance(error, tf.errors.NotFoundError) or not missing:
+    return None
+  path = missing.group(1).rstrip(".,;")
+  return (f"{path} is not a checkpoint (no {path}.index); give a checkpoint "
+          "prefix such as <model_dir>/model.ckpt-<step>, or leave the flag "
+          "out for the model dir's latest")
+
+
+def wants_traceback(argv: Sequence[str]) -> bool:
+  """--verbosity >= 1 on the command line, or EMG_TRACEBACK=1."""
+  return (os.environ.get(TRACEBACK_ENV, "") not in ("", "0") or
+          script_logging.verbosity_from_argv(argv) >= script_logging.VERBOSE)
+
+
+def report(error: BaseException, argv: Sequence[str],
+           task: Optional[str] = None) -> int:
+  """Writes the error's line (after the traceback when asked); its status.
+
+  `task`: the cluster task that failed, named in the line.
+  """
+  message, status = explain(error)
+  if wants_traceback(argv):
+    traceback.print_exception(type(error), error, error.__traceback__)
+  prog = os.path.basename(argv[0]) if argv else "script"
+  where = f" ({task})" if task else ""
+  sys.stderr.write(f"{prog}{where}: error: {message}\n")
+  sys.stderr.flush()
+  return status
+
+
+def parser(doc: str) -> Callable[[list], list]:
+  """A `flags_parser`: grouped `--help`, else absl's parse; a flag error is
+  one line and exit status 2 (absl: 'FATAL Flags parsing error', 1)."""
+  help_parser = flag_groups.parser(doc)
+
+  def parse(argv: list) -> list:
+    if flag_groups.wants_help(argv):
+      return help_parser(argv)
+    try:
+      return FLAGS(argv)
+    except flags.UnrecognizedFlagError as error:
+      sys.exit(report(flags.Error(
+          f"{error}; python {os.path.basename(argv[0])} --help lists the "
+          "flags."), argv))
+    except flags.Error as error:
+      sys.exit(report(error, argv))
+
+  return parse
+
+
+def check_no_arguments(args: Sequence[str]) -> None:
+  """The scripts take flags only: a word without `--` is a mistake.
+
+  Raises:
+    app.UsageError: naming the words, e.g. `model_dir=runs/a`.
+  """
+  if len(args) > 1:
+    words = " ".join(args[1:])
+    example = f"--{args[1].lstrip('-')}" if "=" in args[1] else "--name=value"
+    raise app.UsageError(
+        f"unexpected argument(s) {words!r}: the script takes flags only, "
+        f"each starting with --, e.g. {example}.")
+
+
+def guarded(main: Callable[[list], Optional[int]],
+            argv: Sequence[str]) -> Callable[[list], Optional[int]]:
+  """`main`, with any exception (not SystemExit) reported by `report`."""
+
+  def run_main(args: list) -> Optional[int]:
+    try:
+      check_no_arguments(args)
+      return main(args)
+    except Exception as error:  # pylint: disable=broad-except
+      sys.exit(report(error, argv))
+
+  return run_main
+
+
+def call(main: Callable[[list], Optional[int]], doc: str,
+         argv: Sequence[str]) -> Optional[int]:
+  """Parses `argv` and runs `main` in this process, as `run` does (tests);
+  absl's `app.run` can run only once per process."""
+  args = parser(doc)(list(argv))
+  return guarded(main, argv)(args)
+
+
+def run(main: Callable[[list], Optional[int]], doc: str) -> None:
+  """The scripts' `if __name__ == "__main__":` body."""
+  app.run(guarded(main, list(sys.argv)), flags_parser=parser(doc))

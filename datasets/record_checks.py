@@ -1,0 +1,130 @@
+"""Errors in record files that name the file, and the record where known.
+
+TensorFlow's own errors for bad records say neither: a truncated or
+corrupt file is `DataLossError: ... corrupted record at 12`, an undecodable
+image `Unknown image file format`, an out-of-range label an assertion on a
+nameless tensor. Here:
+
+* `check_shards` refuses a zero-byte record file before any step (it holds
+  no example: a split of such files "trains" on nothing).
+* `with_file_and_index` tags every serialized record with its file and its
+  index in that file, so that the in-graph checks `check_label` and
+  `check_image_bytes` fail with e.g. `label 7 of record 3 in
+  .../train-00000-of-00001.tfrecord is outside [0, 5)`.
+* `find_damaged_record` reads the record files this process opened (they
+  are remembered when the pipeline is built) and returns the first that
+  cannot be read, with the record index: what a `DataLossError` means.
+"""
+
+import os
+from typing import List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+# The first two bytes of the formats `tf.io.decode_image` reads.
+IMAGE_MAGIC = (b'\x89P', b'\xff\xd8', b'GI', b'BM')
+_opened: List[str] = []  # record files of the pipelines built here.
+
+
+def check_shards(files: Sequence[str]) -> None:
+  """Raises for a record file of zero bytes.
+
+  Raises:
+    ValueError: naming the empty file.
+  """
+  for path in files:
+    if tf.io.gfile.stat(path).length == 0:
+      raise ValueError(
+          f'Record file {path} is empty (0 bytes), so it holds no example; '
+          'expected records written by python -m datasets.convert. Rewrite '
+          'the split (datasets.convert --overwrite) or remove the file.')
+
+
+def remember(files: Sequence[str]) -> None:
+  """Notes record files a pipeline reads, for `find_damaged_record`."""
+  _opened.extend(path for path in files if path not in _opened)
+
+
+def opened_files() -> List[str]:
+  """The record files remembered, that still exist."""
+  return [path for path in _opened if tf.io.gfile.exists(path)]
+
+
+def forget() -> None:
+  """Forgets the files remembered (a new run in the same process)."""
+  _opened.clear()
+
+
+def with_file_and_index(path: tf.Tensor) -> tf.data.Dataset:
+  """The records of one file as `(path, index in the file, serialized)`."""
+  records = tf.data.TFRecordDataset(path).enumerate()
+  return records.map(lambda index, record: (path, index, record))
+
+
+def _where(path: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+  return tf.strings.join(['record ', tf.strings.as_string(index), ' in ',
+                          path])
+
+
+def _checked(value: tf.Tensor, valid: tf.Tensor, message) -> tf.Tensor:
+  """`value` once `valid` holds; else an error `message()` (built only then:
+  string ops on every record halved the records read per second)."""
+  def fail():
+    with tf.control_dependencies([tf.debugging.Assert(False, [message()])]):
+      return tf.constant(False)
+  check = tf.cond(valid, lambda: tf.constant(True), fail)
+  with tf.control_dependencies([check]):
+    return tf.identity(value)
+
+
+def check_label(label: tf.Tensor, num_classes: int, path: tf.Tensor,
+                index: tf.Tensor) -> tf.Tensor:
+  """`label`, after an in-graph check that 0 <= label < num_classes."""
+  message = lambda: tf.strings.join([
+      'label ', tf.strings.as_string(label), ' of ', _where(path, index),
+      f' is outside [0, {num_classes}): the records have more classes than '
+      '--num_classes (or a negative label); give --num_classes larger than '
+      'the largest label, or fix the records'])
+  valid = tf.cast(label, tf.uint32) < num_classes  # negatives wrap: large.
+  return _checked(label, valid, message)
+
+
+def check_image_bytes(encoded: tf.Tensor, path: tf.Tensor,
+                      index: tf.Tensor) -> tf.Tensor:
+  """`encoded`, after an in-graph check that it starts like an image."""
+  known = tf.reduce_any(tf.equal(tf.strings.substr(encoded, 0, 2),
+                                 IMAGE_MAGIC))
+  message = lambda: tf.strings.join([
+      'the image of ', _where(path, index), ' cannot be decoded: it is not '
+      'PNG, JPEG, GIF or BMP; rewrite the records with python -m '
+      'datasets.convert'])
+  return _checked(encoded, known, message)
+
+
+def first_unreadable(path: str) -> Optional[Tuple[int, str]]:
+  """(index of the first unreadable record, TF's reason), or None."""
+  index = 0
+  try:
+    for _ in tf.compat.v1.io.tf_record_iterator(path):
+      index += 1
+  except tf.errors.OpError as error:
+    return index, error.message.strip().splitlines()[-1]
+  return None
+
+
+def find_damaged_record(files: Optional[Sequence[str]] = None
+                        ) -> Optional[str]:
+  """Describes the first record file that cannot be read, or None.
+
+  Args:
+    files: the files to read; default those the pipelines here opened.
+  """
+  for path in opened_files() if files is None else files:
+    found = first_unreadable(path)
+    if found is not None:
+      index, reason = found
+      return (f'Record file {path} is damaged from record {index} on '
+              f'({reason}): truncated or corrupt, e.g. by an interrupted '
+              'copy. Copy or convert it again (python -m datasets.convert), '
+              f'or move {os.path.basename(path)} out of the data folder.')
+  return None
