@@ -78,13 +78,19 @@ def _checked(value: tf.Tensor, valid: tf.Tensor, message) -> tf.Tensor:
 
 
 def check_label(label: tf.Tensor, num_classes: int, path: tf.Tensor,
-                index: tf.Tensor) -> tf.Tensor:
-  """`label`, after an in-graph check that 0 <= label < num_classes."""
+                index: tf.Tensor, labels_offset: int = 0) -> tf.Tensor:
+  """`label`, after an in-graph check that 0 <= label < num_classes.
+
+  `label` is the stored label minus `labels_offset` (tf-slim's flag).
+  """
+  offset = (f' minus --labels_offset={labels_offset}' if labels_offset
+            else '')
   message = lambda: tf.strings.join([
-      'label ', tf.strings.as_string(label), ' of ', _where(path, index),
-      f' is outside [0, {num_classes}): the records have more classes than '
-      '--num_classes (or a negative label); give --num_classes larger than '
-      'the largest label, or fix the records'])
+      'label ', tf.strings.as_string(label + labels_offset), offset, ' of ',
+      _where(path, index), f' is outside [0, {num_classes}): the records '
+      'have more classes than --num_classes (or a label below the offset); '
+      'give --num_classes larger than the largest label, or fix the '
+      'records'])
   valid = tf.cast(label, tf.uint32) < num_classes  # negatives wrap: large.
   return _checked(label, valid, message)
 

@@ -208,7 +208,8 @@ def _decoder(hw: Tuple[int, int], channels: int, num_classes: Optional[int],
     image.set_shape([hw[0], hw[1], channels])
     label = tf.cast(features[LABEL_KEY], tf.int32) - labels_offset
     if num_classes is not None:
-      label = record_checks.check_label(label, num_classes, path, index)
+      label = record_checks.check_label(label, num_classes, path, index,
+                                         labels_offset)
     return image * (1.0 / 255.0), label
   return fn
 

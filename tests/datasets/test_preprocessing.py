@@ -153,7 +153,8 @@ def test_labels_offset_drops_the_background_class(tmp_path):
 def test_labels_offset_on_a_background_example_fails(tmp_path):
   data_dir = str(tmp_path)
   write_records(data_dir, [0, 1], ["background", "a"])
-  with pytest.raises(tf.errors.InvalidArgumentError, match="label < 0"):
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="label 0 minus --labels_offset=1 of record 0 in "):
     collect(lambda: datasets.get_dataset(
         "tfrecord", "train", 2, image_size=2, data_dir=data_dir,
         labels_offset=1, repeat=False))

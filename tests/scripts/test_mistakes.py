@@ -111,7 +111,7 @@ MISTAKES = [
     row("momentum_above_one", "train", ["--momentum=1.5"],
         r"--momentum=1.5: expected a number in \[0, 1\)"),
     row("decay_rate_zero", "train", ["--decay_rate=0"],
-        r"--decay_rate=0.0: expected a number in \(0, 1\]"),
+        r"--learning_rate_decay_factor=0.0: expected a factor in \(0, 1\]"),
     row("warmup_negative", "train", ["--warmup_steps=-1"],
         r"--warmup_steps=-1: expected a number >= 0"),
     row("weight_decay_negative", "train", ["--weight_decay=-0.1"],
@@ -224,7 +224,8 @@ MISTAKES = [
     row("export_checkpoint_path_missing", "export",
         ["--model_dir={trained}", "--checkpoint_path={tmp}/model.ckpt-9",
          "--export_dir={tmp}/e"],
-        r"/model.ckpt-9 is not a checkpoint \(no .*/model.ckpt-9.index\)"),
+        r"--checkpoint_path=.*/model.ckpt-9 is not a checkpoint: "
+        r".*/model.ckpt-9.index does not exist"),
     row("export_without_checkpoint", "export",
         ["--model_dir={tmp}/model", "--export_dir={tmp}/e"],
         r"--model_dir=.*/model holds no checkpoint", setup=bad.empty_model_dir),
