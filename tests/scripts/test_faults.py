@@ -189,24 +189,7 @@ def test_unusable_model_dir_fails_before_any_step(tmp_path, args, message):
   assert "loss = " not in result.stderr
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--model_name=resnet"], "--model_name=resnet: expected one of"),
-    (["--dataset_name=imagenet"], "value should be one of <digits|synthetic"),
-    (["--dataset_name=tfrecord", "--dataset_dir=/nonexistent",
-      "--num_classes=3", "--image_size=8"], "/nonexistent"),
-    (["--virtual_cpus=2", "--num_gpus=2"], "--num_gpus and --virtual_cpus"),
-    (["--save_checkpoints_steps=0"], "--save_checkpoints_steps=0 would never "
-     "write a checkpoint, not even at the end or on SIGTERM"),
-    (["--save_checkpoints_secs=0"], "--save_checkpoints_secs=0 would never"),
-    (["--save_checkpoints_secs=60", "--save_checkpoints_steps=10"],
-     "both set when to save; give only one"),
-    (["--learning_rate=nan"], "--learning_rate=nan: expected a finite number"),
-])
-def test_bad_flags_are_clear_errors(tmp_path, args, message):
-  result = run_train(tmp_path, "--max_steps=1", *args, timeout=120)
-  assert result.returncode != 0 and message in result.stderr, (
-      result.stderr[-2000:])
-  assert latest_step(tmp_path) is None  # nothing trained, nothing written.
+# Bad flags: tests/scripts/test_mistakes.py (a table, in process).
 
 
 def test_gpus_flag_pins_before_tensorflow_lists_devices(tmp_path):

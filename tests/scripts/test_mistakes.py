@@ -26,6 +26,7 @@ from typing import Callable, Optional
 from absl import flags
 from absl.testing import flagsaver
 import pytest
+import tensorflow as tf
 
 from estimator_multigpu import checkpoints
 
@@ -284,14 +285,28 @@ def prepared_argv(mistake: Mistake, tmp: str, dirs: dict) -> list:
   return [arg.format(tmp=tmp, **dirs) for arg in argv]
 
 
+def latest_in(argv) -> str:
+  """The latest checkpoint of the argv's --model_dir ('' for none)."""
+  dirs = [arg.split("=", 1)[1] for arg in argv
+          if arg.startswith("--model_dir=")]
+  return (dirs and os.path.isdir(dirs[-1]) and
+          tf.train.latest_checkpoint(dirs[-1])) or ""
+
+
 @pytest.mark.parametrize("mistake", MISTAKES)
 def test_mistake_in_process(mistake, trained, tmp_path, capsys):
   argv = prepared_argv(mistake, str(tmp_path), trained)
+  before = latest_in(argv)
   capsys.readouterr()
   status = run_in_process(mistake.script, argv)
   line = the_error_line(capsys.readouterr().err, mistake.script)
   assert status == mistake.status, line
   assert re.search(mistake.pattern, line), line
+  if status == 2:  # no step trained: nothing saved past the initial
+    # checkpoint (Estimator writes model.ckpt-0 before a bad record fails
+    # the first step).
+    after = latest_in(argv)
+    assert after == before or (not before and after.endswith("ckpt-0"))
 
 
 @pytest.mark.slow
