@@ -28,11 +28,7 @@ TensorFlow's own lines too.
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import shutil
 import sys
-import tempfile
 from typing import Optional
 
 from absl import flags
@@ -45,7 +41,6 @@ script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import estimator_multigpu as emg
-from estimator_multigpu import checkpoints
 from estimator_multigpu import cluster
 from estimator_multigpu import evaluation
 from estimator_multigpu import hooks
@@ -53,17 +48,18 @@ from estimator_multigpu import scaling
 from estimator_multigpu.cluster import job_control
 
 import classifier
-from cli import checkpoint_flags  # pylint: disable=unused-import
+import datasets
+from cli import cluster_flags
 from cli import common_flags
 from cli import errors
-from cli import model_dir_check
-import datasets
 from cli import fine_tuning
+from cli import model_dir_check
+from cli import model_dir_flags
 from cli import optimization_flags
-from cli import validators
 from cli import run_checks
-from cli import run_config
+from cli import run_record
 from cli import train_data_flags
+from cli import validators
 
 FLAGS = flags.FLAGS
 
@@ -81,12 +77,6 @@ flags.DEFINE_float("end_learning_rate", 0.0, "Final rate (polynomial, "
 flags.DEFINE_integer("warmup_steps", 50, "Linear warm-up steps.")
 flags.DEFINE_float("weight_decay", 1e-4, "L2 weight decay.")
 flags.DEFINE_float("label_smoothing", 0.0, "Label smoothing.")
-flags.DEFINE_integer("save_checkpoints_steps", 500, "Checkpoint every N "
-                     "steps (> 0; larger than --max_steps: only at the start "
-                     "and the end, including a stop by SIGTERM).")
-flags.DEFINE_integer("save_checkpoints_secs", None, "Checkpoint every N "
-                     "seconds instead of every --save_checkpoints_steps.")
-flags.DEFINE_integer("save_summary_steps", 100, "Summaries every N steps.")
 flags.DEFINE_integer("log_every_n_steps", None, "Progress line every N "
                      "steps (default: a tenth of --max_steps, at most 100).")
 flags.DEFINE_float("clip_gradients_by_norm", None, "Clip the combined "
@@ -109,84 +99,8 @@ flags.DEFINE_bool("sync_batch_norm", False, "Batch norm over the global "
 flags.DEFINE_bool("scaling_report", True, "Warn when the run is "
                   "input-bound; its per-window report (input wait) shows "
                   "with --verbosity=1.")
-flags.DEFINE_integer("min_free_disk_mb", 50, "Refuse to start when the model "
-                     "dir's disk has less free space than this.")
-flags.DEFINE_list("ps_hosts", None, "Cluster: ps addresses, host:port,...")
-flags.DEFINE_list("worker_hosts", None, "Cluster: worker addresses, "
-                  "host:port,... (the first is the chief).")
-flags.DEFINE_enum("job_name", None, [cluster.PS, cluster.WORKER,
-                                     cluster.EVALUATOR],
-                  "Cluster: this task's job.")
-flags.DEFINE_integer("task_index", 0, "Cluster: this task's index in its job "
-                     "(worker 0 is the chief).")
-flags.DEFINE_bool("sync_replicas", False, "Cluster: average one gradient "
-                  "from each worker per step (SyncReplicasOptimizer); "
-                  "default asynchronous updates.")
-flags.DEFINE_integer("ps_wait_secs", 120, "Cluster: a worker fails if a ps "
-                     "task does not answer within this time, at the start "
-                     "or while training.")
-flags.DEFINE_integer("ps_linger_secs", 60, "Cluster: a ps exits this long "
-                     "after the chief finished even if a worker never "
-                     "reported.")
-flags.DEFINE_integer("stop_grace_secs", 60, "After SIGTERM/Ctrl-C, exit "
-                     "without a final checkpoint if the current step has not "
-                     "finished within this time (e.g. a synchronous step "
-                     "waiting for a dead worker).")
-flags.DEFINE_integer("eval_timeout_secs", 600, "Cluster: the evaluator stops "
-                     "after this long without a new checkpoint.")
 optimization_flags.register_validators()
 validators.register(data_flags=True)
-
-
-def check_model_dir(model_dir: str, min_free_mb: int) -> None:
-  """Fails before any step when checkpoints could not be written.
-
-  Raises:
-    OSError: the directory cannot be created or written, or its disk has
-      less than `min_free_mb` MB free.
-  """
-  try:
-    os.makedirs(model_dir, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".write_check"):
-      pass
-  except OSError as error:
-    reason = error.strerror or str(error)
-    raise OSError(
-        f"--model_dir={model_dir} cannot be written ({reason}); checkpoints "
-        "would be lost. Choose a writable directory.") from error
-  free_mb = shutil.disk_usage(model_dir).free / 2**20
-  if free_mb < min_free_mb:
-    raise OSError(
-        f"--model_dir={model_dir} has {free_mb:.0f} MB free, less than "
-        f"--min_free_disk_mb={min_free_mb}; checkpoints would fail. Free "
-        "some space or choose another directory.")
-
-
-def checkpoint_schedule(steps: Optional[int], secs: Optional[int],
-                        steps_given: bool) -> tuple:
-  """(save_checkpoints_steps, save_checkpoints_secs) for RunConfig.
-
-  Raises:
-    ValueError: a value that would never save (Estimator then writes no
-      checkpoint at all, not even at the end), or both flags given.
-  """
-  if secs is not None:
-    if steps_given:
-      raise ValueError(
-          f"--save_checkpoints_steps={steps} and --save_checkpoints_secs="
-          f"{secs} both set when to save; give only one.")
-    if secs <= 0:
-      raise ValueError(
-          f"--save_checkpoints_secs={secs} would never write a checkpoint, "
-          "not even at the end or on SIGTERM; give a number of seconds > 0.")
-    return None, secs
-  if steps is None or steps <= 0:
-    raise ValueError(
-        f"--save_checkpoints_steps={steps} would never write a checkpoint, "
-        "not even at the end or on SIGTERM, so a stopped run loses "
-        "everything; give a number of steps > 0. To save only at the start "
-        "and the end (SIGTERM included), give one larger than --max_steps.")
-  return steps, None
 
 
 def classifier_config(num_classes: int, sync_replicas: int = 0,
@@ -297,109 +211,6 @@ def log_every_n_steps(flag_value: Optional[int], max_steps: int) -> int:
   return max(1, min(100, max_steps // 10))
 
 
-def flag_value(name: str, default=None):
-  """A flag's value, or `default` when this checkout does not define it."""
-  return FLAGS[name].value if name in FLAGS else default
-
-
-def checkpoint_step(model_dir: str) -> Optional[int]:
-  """The global step of the model_dir's latest checkpoint; None: none."""
-  latest = tf.train.latest_checkpoint(model_dir)
-  return int(latest.rsplit("-", 1)[1]) if latest else None
-
-
-def learning_rate_at(config: classifier.ClassifierConfig, step: int) -> float:
-  """The schedule's learning rate at `step` (evaluated in a scratch graph)."""
-  with tf.Graph().as_default():
-    rate = classifier.learning_rate(config, tf.constant(step, tf.int64))
-    with tf.compat.v1.Session() as session:
-      return float(session.run(rate))
-
-
-def run_record(setup: common_flags.ModelSetup,
-               config: classifier.ClassifierConfig,
-               towers: common_flags.Towers) -> run_config.RunRecord:
-  """What run_config.json records for this run."""
-  data = train_data_flags.train_data(setup)
-  options = {name: flag_value(name) for name in (
-      "moving_average_decay", "clip_gradients_by_norm", "random_seed",
-      "sync_replicas", "variable_update", "sync_batch_norm",
-      "accumulate_steps", "mixed_precision", "num_epochs_per_decay")
-      if name in FLAGS}
-  return run_config.RunRecord(
-      classifier=config, image_size=setup.image_size,
-      dataset_name=setup.dataset_name, dataset_dir=setup.dataset_dir,
-      preprocessing=datasets.preprocessing(setup.dataset_name),
-      max_steps=FLAGS.max_steps, global_batch_size=FLAGS.batch_size,
-      towers=tuple(towers.devices), options=options,
-      dataset_split_name=data["split"],
-      preprocessing_name=data["preprocessing_name"],
-      labels_offset=data["labels_offset"])
-
-
-def record_run(setup: common_flags.ModelSetup,
-               config: classifier.ClassifierConfig,
-               towers: common_flags.Towers, model_dir: str) -> None:
-  """Writes run_config.json; on a resume, says if the schedule changed."""
-  step = checkpoint_step(model_dir)
-  if step is not None and setup.record is not None:
-    changes = run_config.schedule_changes(setup.record.classifier, config)
-    if changes:
-      rates = (learning_rate_at(setup.record.classifier, step),
-               learning_rate_at(config, step))
-      logging.warning(run_config.schedule_change_message(
-          changes, step, model_dir, rates))
-  if step is not None:
-    logging.info("Resuming from %s (step %d of %d)",
-                 tf.train.latest_checkpoint(model_dir), step, FLAGS.max_steps)
-  logging.info("Run configuration: %s", run_config.write(
-      model_dir, run_record(setup, config, towers)))
-
-
-def cluster_task() -> Optional[cluster.Task]:
-  """This process's cluster task (flags, else TF_CONFIG); None: local."""
-  task = cluster.resolve_task(FLAGS.ps_hosts, FLAGS.worker_hosts,
-                              FLAGS.job_name, FLAGS.task_index,
-                              os.environ.get("TF_CONFIG"))
-  if task is None and FLAGS.sync_replicas:
-    raise ValueError("--sync_replicas synchronizes the workers of a cluster; "
-                     "give --ps_hosts, --worker_hosts and --job_name (or "
-                     "TF_CONFIG), or drop it.")
-  return task
-
-
-def trainer_number(task: Optional[cluster.Task]) -> int:
-  """0 for the chief (or a local run), i for worker i of the flags."""
-  if task is None or task.type != cluster.WORKER:
-    return 0
-  return task.index + 1
-
-
-def replicas_to_aggregate(task: Optional[cluster.Task]) -> int:
-  """Workers whose gradients each step averages; 0 for asynchronous."""
-  return len(task.trainers) if task and FLAGS.sync_replicas else 0
-
-
-def prepare_task(task: Optional[cluster.Task],
-                 towers: common_flags.Towers) -> common_flags.Towers:
-  """Checks the model dir where this task writes; tells Estimator the task.
-
-  Returns:
-    The towers, with the session config for this task.
-  """
-  if task is None or task.type in (cluster.CHIEF, cluster.EVALUATOR):
-    check_model_dir(FLAGS.model_dir, FLAGS.min_free_disk_mb)
-  if task is None or task.is_chief:
-    checkpoints.prepare_model_dir(FLAGS.model_dir)
-  if task is None:
-    return towers
-  os.environ["TF_CONFIG"] = task.tf_config()  # read by RunConfig.
-  logging.info("Cluster task %s (TF_CONFIG=%s)", task.device,
-               task.tf_config())
-  return dataclasses.replace(towers, session_config=cluster.session_config(
-      task, towers.session_config))
-
-
 def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
                    config: classifier.ClassifierConfig, schedule: tuple,
                    warm_start_from=None) -> tf.estimator.Estimator:
@@ -472,14 +283,14 @@ def run(task: Optional[cluster.Task]) -> int:
     return 0
   towers = common_flags.towers_from_flags()
   setup = common_flags.model_setup(FLAGS.model_dir)
-  config = classifier_config(setup.num_classes, replicas_to_aggregate(task),
+  config = classifier_config(setup.num_classes, cluster_flags.replicas_to_aggregate(task),
                              setup.model_name, setup)
-  schedule = checkpoint_schedule(FLAGS.save_checkpoints_steps,
+  schedule = model_dir_flags.checkpoint_schedule(FLAGS.save_checkpoints_steps,
                                  FLAGS.save_checkpoints_secs,
                                  FLAGS["save_checkpoints_steps"].present)
-  towers = prepare_task(task, towers)
+  towers = cluster_flags.prepare_task(task, towers)
   input_fn = train_input_fn(setup.image_size, setup.num_classes,
-                            trainer_number(task), setup.dataset_name,
+                            cluster_flags.trainer_number(task), setup.dataset_name,
                             setup.dataset_dir,
                             **train_data_flags.train_data(setup))
   config, warm_start = fine_tuning.from_flags(config, setup.record,
@@ -488,7 +299,7 @@ def run(task: Optional[cluster.Task]) -> int:
     model_dir_check.check_estimator(make_estimator(
         task, model_dir_check.one_tower(towers), config, schedule),
         model_dir_check.input_specs(input_fn), setup.num_classes)
-    record_run(setup, config, towers, FLAGS.model_dir)
+    run_record.record_run(setup, config, towers, FLAGS.model_dir)
   estimator = make_estimator(task, towers, config, schedule, warm_start)
   if task is not None and task.type == cluster.EVALUATOR:
     evaluate(estimator, setup)
@@ -526,7 +337,7 @@ def run_cluster_task(task: cluster.Task) -> int:
 def main(argv):
   del argv
   script_logging.configure(FLAGS.verbosity)
-  task = cluster_task()
+  task = cluster_flags.cluster_task()
   if task is None:
     sys.exit(run(None))
   cluster.exit_process(run_cluster_task(task))

@@ -28,6 +28,7 @@ from estimator_multigpu.cluster import job_control
 from estimator_multigpu.cluster import launch
 import linear_cluster
 import train
+from cli import cluster_flags
 
 tf1 = tf.compat.v1
 FLAGS = flags.FLAGS
@@ -119,13 +120,13 @@ def fixture_parsed_flags():
 def test_train_py_reads_cluster_flags():
   FLAGS.ps_hosts, FLAGS.worker_hosts = ["p:1"], ["w0:1", "w1:1"]
   FLAGS.job_name, FLAGS.task_index, FLAGS.sync_replicas = "worker", 1, True
-  task = train.cluster_task()
+  task = cluster_flags.cluster_task()
   assert task.device == "/job:worker/task:0"
-  assert train.trainer_number(task) == 1  # its own input shuffle.
-  assert train.replicas_to_aggregate(task) == 2
+  assert cluster_flags.trainer_number(task) == 1  # its own input shuffle.
+  assert cluster_flags.replicas_to_aggregate(task) == 2
   FLAGS.ps_hosts = FLAGS.worker_hosts = FLAGS.job_name = None
   with pytest.raises(ValueError, match="--sync_replicas synchronizes"):
-    train.cluster_task()
+    cluster_flags.cluster_task()
 
 
 def test_sync_replicas_config_is_checked():

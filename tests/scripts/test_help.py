@@ -45,7 +45,8 @@ def module_flags(*modules):
 def test_help_lists_every_flag_of_the_script_in_groups(script, module,
                                                        expected_groups):
   modules = [module, "cli.common_flags", "cli.checkpoint_flags"] + (
-      ["cli.fine_tuning"] if module == "train" else [])
+      ["cli.fine_tuning", "cli.cluster_flags", "cli.model_dir_flags"]
+      if module == "train" else [])
   text = flag_groups.help_text(script.__doc__, modules=modules)
   own = module_flags(*modules)
   assert flag_names(text) == own | {"verbosity"}
@@ -57,8 +58,8 @@ def test_help_lists_every_flag_of_the_script_in_groups(script, module,
 
 
 def test_model_group_comes_first_and_defaults_are_shown():
-  text = flag_groups.help_text(train.__doc__, modules=["train",
-                                                       "cli.common_flags"])
+  text = flag_groups.help_text(train.__doc__, modules=[
+      "train", "cli.common_flags", "cli.cluster_flags"])
   model = text.index("Model:")
   assert model < text.index("--model_name") < text.index("Data:")
   assert text.index("Data:") < text.index("--dataset_dir") < text.index(

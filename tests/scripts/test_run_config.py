@@ -12,6 +12,7 @@ from cli import common_flags
 import datasets
 from cli import run_checks
 from cli import run_config
+from cli import run_record
 from cli import script_logging
 import train
 
@@ -105,7 +106,7 @@ def test_a_changed_schedule_says_what_changed_and_how_to_keep_it():
   # Cosine from 0.05 to 0 over 80 steps after 20 of warm-up, at step 100:
   # the recorded schedule has ended (0.0); the new one is 80 of 180 steps
   # in: 0.025 * (1 + cos(pi * 80 / 180)).
-  rates = (train.learning_rate_at(old, 100), train.learning_rate_at(new, 100))
+  rates = (run_record.learning_rate_at(old, 100), run_record.learning_rate_at(new, 100))
   assert rates[0] == pytest.approx(0.0, abs=1e-7)
   assert rates[1] == pytest.approx(0.025 * (1 + 0.17364818), rel=1e-5)
   message = run_config.schedule_change_message(changes, 100, "runs/x", rates)
@@ -120,7 +121,7 @@ def test_train_records_what_eval_and_export_need(tmp_path):
   towers = common_flags.resolve_towers(None, None, 2)
   setup = common_flags.model_setup(str(tmp_path))
   config = train.classifier_config(setup.num_classes, 0, setup.model_name)
-  train.record_run(setup, config, towers, str(tmp_path))
+  run_record.record_run(setup, config, towers, str(tmp_path))
   record = run_config.read(str(tmp_path))
   assert record.classifier == config and record.max_steps == 40
   assert record.image_size == 8 and record.dataset_name == "digits"

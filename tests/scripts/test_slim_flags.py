@@ -15,6 +15,7 @@ import classifier
 from cli import common_flags
 from cli import data_flags
 from cli import run_config
+from cli import run_record
 from cli import train_data_flags
 import datasets
 import eval as eval_script  # pylint: disable=unused-import  (--eval_split)
@@ -161,7 +162,7 @@ def test_labels_offset_sets_the_classes_and_is_recorded(tmp_path):
   setup = common_flags.model_setup(model_dir)
   assert (setup.num_classes, setup.labels_offset) == (3, 1)  # 4 labels - 1.
   os.makedirs(model_dir)
-  train.record_run(setup, train.classifier_config(3, 0, None, setup),
+  run_record.record_run(setup, train.classifier_config(3, 0, None, setup),
                    common_flags.resolve_towers(None, None, 1), model_dir)
   record = json.load(open(run_config.path(model_dir)))
   assert (record["labels_offset"], record["preprocessing_name"],
