@@ -1,11 +1,11 @@
 """export.py's two signatures: raw pixels and encoded JPEG/PNG bytes."""
 
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from script_runs import run_command
 import tensorflow as tf
 
 import datasets
@@ -105,10 +105,7 @@ def test_bad_preprocessing_says_what_and_how_to_fix(preprocessing):
 
 
 def run(*command):
-  result = subprocess.run(command, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result.stdout
+  return run_command(*command).stdout
 
 
 def run_script(script, *args):

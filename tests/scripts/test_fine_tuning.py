@@ -11,12 +11,11 @@ variables moved is read back from the checkpoints with
 import math
 import os
 import re
-import subprocess
-import sys
 
 from absl import flags
 import numpy as np
 import pytest
+from script_runs import run_script
 import tensorflow as tf
 
 import classifier
@@ -353,13 +352,6 @@ def test_eval_max_num_batches_must_be_positive(bad):
                      match="expected a number of batches > 0"):
     FLAGS.max_num_batches = bad
 
-
-def run_script(script, *args):
-  result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args],
-                          capture_output=True, text=True, timeout=300,
-                          cwd=ROOT)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import sys
 from absl import flags
 import numpy as np
 import pytest
+from script_runs import run_script
 import tensorflow as tf
 
 from estimator_multigpu import evaluation
@@ -99,13 +100,6 @@ def scalar_tags(directory):
       tags.update(value.tag for value in event.summary.value)
   return tags
 
-
-def run_script(script, *args):
-  result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args],
-                          capture_output=True, text=True, timeout=300,
-                          cwd=ROOT)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result
 
 
 STDERR_CEILING = 25  # lines of a 30-step train.py run (was 129).

@@ -3,12 +3,11 @@ decay, the split, the labels offset and the training augmentation."""
 
 import json
 import os
-import subprocess
-import sys
 
 from absl import flags
 import numpy as np
 import pytest
+from script_runs import run_script
 import tensorflow as tf
 
 import classifier
@@ -196,13 +195,6 @@ def test_a_record_from_before_these_flags_loads(tmp_path):
   assert (loaded.dataset_split_name, loaded.preprocessing_name,
           loaded.labels_offset) == ("train", "resize", 0)
 
-
-def run_script(script, *args):
-  result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args],
-                          capture_output=True, text=True, timeout=600,
-                          cwd=ROOT)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result
 
 
 @pytest.mark.slow
