@@ -108,3 +108,10 @@ def linear_data(batch, in_dim=3, out_dim=2, seed=0):
   x = rng.randn(batch, in_dim).astype(np.float32)
   y = rng.randn(batch, out_dim).astype(np.float32)
   return x, y
+
+
+def linear_gradients(x, y, w, b):
+  """numpy: d/d(w, b) of mean((x @ w + b - y)²), the linear_data loss."""
+  residual = x @ w + b - y
+  scale = 2.0 / residual.size
+  return scale * x.T @ residual, scale * residual.sum(axis=0)

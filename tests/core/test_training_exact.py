@@ -41,18 +41,13 @@ def linear_model_fn(optimizer_name):
   return model_fn
 
 
-def numpy_gradients(x, y, w, b):
-  residual = x @ w + b - y
-  scale = 2.0 / residual.size
-  return scale * x.T @ residual, scale * residual.sum(axis=0)
-
 
 def numpy_train(optimizer_name, x, y, steps):
   """The TF1 update rules, applied to the whole batch on one device."""
   params = [W0.astype(np.float64), B0.astype(np.float64)]
   slots = [[np.zeros_like(p), np.zeros_like(p)] for p in params]
   for t in range(1, steps + 1):
-    grads = numpy_gradients(x, y, *params)
+    grads = harness.linear_gradients(x, y, *params)
     for p, g, (m, v) in zip(params, grads, slots):
       if optimizer_name == "sgd":
         p -= LR * g

@@ -50,11 +50,6 @@ def linear_model_fn(config):
   return model_fn
 
 
-def gradients(x, y, w, b):
-  residual = x @ w + b - y
-  scale = 2.0 / residual.size
-  return scale * x.T @ residual, scale * residual.sum(axis=0)
-
 
 def adam(p, g, s, t, c):
   s.setdefault("m", np.zeros_like(p))
@@ -114,7 +109,7 @@ def numpy_train(name, x, y):
   params = [W0.astype(np.float64), B0.astype(np.float64)]
   slots = [{}, {}]
   for t in range(1, STEPS + 1):
-    grads = gradients(x, y, *params)
+    grads = harness.linear_gradients(x, y, *params)
     params = [RULES[name](p, g, s, t, CONFIGS[name])
               for p, g, s in zip(params, grads, slots)]
   return params
