@@ -39,6 +39,8 @@ TRACEBACK_ENV = "EMG_TRACEBACK"
 FLAGS = flags.FLAGS
 _USER_ERRORS = (ValueError, TypeError, OSError, app.UsageError, flags.Error)
 _RUN_TIME = (TimeoutError, ConnectionError)  # OSErrors: a peer, not a flag.
+_DECODE_ERRORS = (r"Invalid (PNG|JPEG|GIF|BMP)|jpeg::Uncompress|Unknown image "
+                  r"file format")  # tf.io.decode_image's own errors.
 _NOISE = ("Graph execution error", "Detected at node", "File ", "Node:",
           "[[", "Original stack trace", "Instructions for updating")
 
@@ -77,6 +79,9 @@ def _bad_record(error) -> Optional[str]:
   from datasets import record_checks  # pylint: disable=g-import-not-at-top
   if isinstance(error, tf.errors.DataLossError):
     return record_checks.find_damaged_record()
+  if isinstance(error, tf.errors.InvalidArgumentError) and re.search(
+      _DECODE_ERRORS, error.message):
+    return record_checks.find_undecodable_image()
   found = re.search(r"assertion failed: \[(.*?)\]\s*(\n|$)", error.message,
                     re.S)
   if found and re.search(r"record \d+ in ", found.group(1)):

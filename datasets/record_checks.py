@@ -14,6 +14,9 @@ nameless tensor. Here:
 * `find_damaged_record` reads the record files this process opened (they
   are remembered when the pipeline is built) and returns the first that
   cannot be read, with the record index: what a `DataLossError` means.
+* `find_undecodable_image` decodes their images one by one and names the
+  first that fails: what a decoder's error ("Invalid PNG", "Invalid JPEG
+  data") means for an image whose first bytes looked right.
 """
 
 import os
@@ -23,6 +26,7 @@ import tensorflow as tf
 
 # The first two bytes of the formats `tf.io.decode_image` reads.
 IMAGE_MAGIC = (b'\x89P', b'\xff\xd8', b'GI', b'BM')
+IMAGE_KEY = 'image/encoded'  # tfrecord.IMAGE_KEY (which imports this).
 _opened: List[str] = []  # record files of the pipelines built here.
 
 
@@ -133,4 +137,52 @@ def find_damaged_record(files: Optional[Sequence[str]] = None
               f'({reason}): truncated or corrupt, e.g. by an interrupted '
               'copy. Copy or convert it again (python -m datasets.convert), '
               f'or move {os.path.basename(path)} out of the data folder.')
+  return None
+
+
+def op_error_reason(error: tf.errors.OpError) -> str:
+  """TensorFlow's own line of an op error, without its graph traceback."""
+  skipped = ('Graph execution error', 'Detected at node', 'File ', 'Node:',
+             '[[')
+  lines = [line.strip() for line in error.message.splitlines()]
+  reasons = [line for line in lines if line and not line.startswith(skipped)]
+  return reasons[0] if reasons else error.message
+
+
+def _images(path: str):
+  """(index, encoded image) of each record of one file."""
+  for index, record in enumerate(tf.compat.v1.io.tf_record_iterator(path)):
+    feature = tf.train.Example.FromString(record).features.feature
+    yield index, feature[IMAGE_KEY].bytes_list.value[0]
+
+
+def first_undecodable(path: str) -> Optional[Tuple[int, str]]:
+  """(index of the first image TensorFlow cannot decode, its reason)."""
+  with tf.Graph().as_default():
+    encoded = tf.compat.v1.placeholder(tf.string, [])
+    decoded = tf.io.decode_image(encoded, expand_animations=False)
+    with tf.compat.v1.Session() as session:
+      for index, image in _images(path):
+        try:
+          session.run(decoded, {encoded: image})
+        except tf.errors.InvalidArgumentError as error:
+          return index, op_error_reason(error)
+  return None
+
+
+def find_undecodable_image(files: Optional[Sequence[str]] = None
+                           ) -> Optional[str]:
+  """Describes the first image that cannot be decoded, or None.
+
+  Args:
+    files: the record files; default those the pipelines here opened.
+  """
+  for path in opened_files() if files is None else files:
+    found = first_undecodable(path)
+    if found is not None:
+      index, reason = found
+      return (f'the image of record {index} in {path} cannot be decoded '
+              f'({reason}): a damaged PNG/JPEG. Rewrite the records with '
+              'python -m datasets.convert, or remove that image from the '
+              'source folder.')
   return None

@@ -166,18 +166,10 @@ def _count(session, count: tf.Tensor, path: tf.Tensor, name: str) -> int:
   try:
     return int(session.run(count, {path: name}))
   except tf.errors.OpError as error:
+    reason = record_checks.op_error_reason(error)
     raise ValueError(
-        f'Cannot count the records of {name} ({_reason(error)}); rewrite '
-        'the damaged shard with datasets.convert.') from error
-
-
-def _reason(error: tf.errors.OpError) -> str:
-  """TensorFlow's own line of an op error, without its graph traceback."""
-  skipped = ('Graph execution error', 'Detected at node', 'File ', 'Node:',
-             '[[')
-  lines = [line.strip() for line in error.message.splitlines()]
-  reasons = [line for line in lines if line and not line.startswith(skipped)]
-  return reasons[0] if reasons else error.message
+        f'Cannot count the records of {name} ({reason}); rewrite the '
+        'damaged shard with datasets.convert.') from error
 
 
 def _check_channels(channels: int) -> int:

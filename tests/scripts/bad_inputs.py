@@ -54,6 +54,11 @@ def undecodable_image(tmp):
   write_records(f"{tmp}/data", [(png(), 0), (b"not an image", 1)])
 
 
+def damaged_image(tmp):
+  """A PNG cut short: its first bytes pass the quick check, decoding fails."""
+  write_records(f"{tmp}/data", [(png(), 0), (png()[:40], 1)])
+
+
 def label_out_of_range(tmp):
   write_records(f"{tmp}/data", [(png(), 1), (png(), 7)])  # 3 classes.
 

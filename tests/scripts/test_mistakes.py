@@ -178,6 +178,9 @@ MISTAKES = [
     row("undecodable_image", "train", RECORDS,
         r"the image of record 1 in .*/data/train-00000-of-00001.tfrecord "
         r"cannot be decoded", setup=bad.undecodable_image),
+    row("damaged_image", "train", RECORDS,
+        r"the image of record 1 in .*/data/train-00000-of-00001.tfrecord "
+        r"cannot be decoded \(Invalid PNG", setup=bad.damaged_image),
     row("label_out_of_range", "train", RECORDS,
         r"label 7 of record 1 in .*/data/train-00000-of-00001.tfrecord is "
         r"outside \[0, 3\).*give --num_classes", setup=bad.label_out_of_range),
