@@ -145,12 +145,23 @@ def tfrecord_needs_dataset_dir(values: dict) -> bool:
   return True
 
 
+def digits_classes(values: dict) -> bool:
+  """--num_classes other than the digits' 10 with --dataset_name=digits."""
+  classes = values["num_classes"]
+  if values["dataset_name"] == "digits" and classes not in (None, 10):
+    raise flags.ValidationError(
+        f"--num_classes={classes} but --dataset_name=digits has 10 classes "
+        "(labels 0..9); drop --num_classes.")
+  return True
+
+
 def register(data_flags: bool = False) -> None:
   """Registers the checks of the flags defined so far (once each).
 
   Args:
-    data_flags: also require --dataset_dir with --dataset_name=tfrecord
-      (train.py: eval.py and export.py read it from the model dir).
+    data_flags: also require --dataset_dir with --dataset_name=tfrecord,
+      and the digits' own class count (train.py: eval.py and export.py
+      read the data flags from the model dir).
   """
   for name in CHECKS:
     if name in FLAGS and name not in _registered:
@@ -159,4 +170,6 @@ def register(data_flags: bool = False) -> None:
   if data_flags and "dataset_dir" not in _registered:
     flags.register_multi_flags_validator(["dataset_name", "dataset_dir"],
                                          tfrecord_needs_dataset_dir)
+    flags.register_multi_flags_validator(["dataset_name", "num_classes"],
+                                         digits_classes)
     _registered.add("dataset_dir")

@@ -84,7 +84,9 @@ MISTAKES = [
     row("num_classes_one", "train", ["--num_classes=1"],
         r"--num_classes=1: expected a number >= 2"),
     row("num_classes_other_than_digits", "train", ["--num_classes=5"],
-        r"digits has 10 classes, got num_classes=5; leave it unset"),
+        r"flags dataset_name=digits, num_classes=5: --num_classes=5 but "
+        r"--dataset_name=digits has 10 classes \(labels 0..9\); drop "
+        r"--num_classes"),
     row("decay_steps_zero", "train", ["--decay_steps=0"],
         r"--decay_steps=0: expected a number >= 1"),
     row("model_name_unknown", "train", ["--model_name=resnet"],
