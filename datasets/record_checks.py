@@ -122,22 +122,25 @@ def first_unreadable(path: str) -> Optional[Tuple[int, str]]:
   return None
 
 
+def _first_problem(files: Optional[Sequence[str]], first_bad, describe
+                   ) -> Optional[str]:
+  """`describe(path, index, reason)` of the first file where `first_bad`
+  finds a problem (`files`: default those the pipelines here opened)."""
+  for path in opened_files() if files is None else files:
+    found = first_bad(path)
+    if found is not None:
+      return describe(path, *found)
+  return None
+
+
 def find_damaged_record(files: Optional[Sequence[str]] = None
                         ) -> Optional[str]:
-  """Describes the first record file that cannot be read, or None.
-
-  Args:
-    files: the files to read; default those the pipelines here opened.
-  """
-  for path in opened_files() if files is None else files:
-    found = first_unreadable(path)
-    if found is not None:
-      index, reason = found
-      return (f'Record file {path} is damaged from record {index} on '
-              f'({reason}): truncated or corrupt, e.g. by an interrupted '
-              'copy. Copy or convert it again (python -m datasets.convert), '
-              f'or move {os.path.basename(path)} out of the data folder.')
-  return None
+  """Describes the first record file that cannot be read, or None."""
+  return _first_problem(files, first_unreadable, lambda path, index, reason: (
+      f'Record file {path} is damaged from record {index} on ({reason}): '
+      'truncated or corrupt, e.g. by an interrupted copy. Copy or convert '
+      'it again (python -m datasets.convert), or move '
+      f'{os.path.basename(path)} out of the data folder.'))
 
 
 def op_error_reason(error: tf.errors.OpError) -> str:
@@ -172,17 +175,8 @@ def first_undecodable(path: str) -> Optional[Tuple[int, str]]:
 
 def find_undecodable_image(files: Optional[Sequence[str]] = None
                            ) -> Optional[str]:
-  """Describes the first image that cannot be decoded, or None.
-
-  Args:
-    files: the record files; default those the pipelines here opened.
-  """
-  for path in opened_files() if files is None else files:
-    found = first_undecodable(path)
-    if found is not None:
-      index, reason = found
-      return (f'the image of record {index} in {path} cannot be decoded '
-              f'({reason}): a damaged PNG/JPEG. Rewrite the records with '
-              'python -m datasets.convert, or remove that image from the '
-              'source folder.')
-  return None
+  """Describes the first image that cannot be decoded, or None."""
+  return _first_problem(files, first_undecodable, lambda path, index, reason: (
+      f'the image of record {index} in {path} cannot be decoded ({reason}): '
+      'a damaged PNG/JPEG. Rewrite the records with python -m '
+      'datasets.convert, or remove that image from the source folder.'))
