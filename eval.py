@@ -38,6 +38,7 @@ from estimator_multigpu import evaluation
 from cli import checkpoint_flags
 import classifier
 from cli import common_flags
+from cli import ema_flags
 from cli import data_flags
 from cli import errors
 from cli import model_dir_check
@@ -84,7 +85,7 @@ class ProgressBarHook(tf1.train.SessionRunHook):
     self._bar.close()
 
 
-checkpoint_has_ema = checkpoint_flags.checkpoint_has_ema
+checkpoint_has_ema = ema_flags.checkpoint_has_ema
 
 
 def num_eval_batches(dataset_name: str, split: str,

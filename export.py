@@ -40,6 +40,7 @@ import estimator_multigpu as emg
 from cli import checkpoint_flags
 import classifier
 from cli import common_flags
+from cli import ema_flags
 from cli import errors
 from cli import model_dir_check
 import datasets
@@ -91,7 +92,7 @@ def export(model_dir: str, export_dir: str,
   """Exports the model_dir's classifier; returns the SavedModel's path."""
   setup = common_flags.model_setup(model_dir)
   checkpoint = latest_checkpoint(model_dir, checkpoint_path)
-  use_ema = use_ema_weights and checkpoint_flags.checkpoint_has_ema(checkpoint)
+  use_ema = use_ema_weights and ema_flags.checkpoint_has_ema(checkpoint)
   preprocessing = ((setup.record.preprocessing if setup.record else None)
                    or datasets.preprocessing(setup.dataset_name))
   logging.info("Exporting %s (%s weights; %s, %d classes, %dx%d input, "

@@ -1,4 +1,4 @@
-"""Flags of the scripts that read checkpoints (train.py, eval.py, export.py).
+"""`--checkpoint_path`, of the three scripts (train.py, eval.py, export.py).
 
 `--checkpoint_path` is defined here once, for all three scripts (absl lets a
 flag be defined only once per process, and the tests import every script).
@@ -20,17 +20,9 @@ flags.DEFINE_string(
     "checkpoint yet (a resume ignores it). eval.py: evaluate exactly this "
     "checkpoint, once. export.py: export it (default: the latest in "
     "--model_dir).")
-flags.DEFINE_bool("use_ema_weights", True, "eval.py, export.py: use the "
-                  "moving-average weights when the checkpoint has them.")
 
 # The files of a checkpoint, after its prefix.
 _CHECKPOINT_FILE = re.compile(r"\.(index|meta|data-\d+-of-\d+)$")
-
-
-def checkpoint_has_ema(checkpoint: str) -> bool:
-  """Whether the checkpoint holds moving averages of the weights."""
-  return any(name.endswith("/ExponentialMovingAverage")
-             for name, _ in tf.train.list_variables(checkpoint))
 
 
 def resolve_checkpoint(path: str, flag: str = "--checkpoint_path") -> str:

@@ -35,8 +35,7 @@ def module_flags(*modules):
 
 @pytest.mark.parametrize("script,module,expected_groups", [
     (train, "train", ["Model", "Data", "Towers", "Optimization",
-                      "Checkpoints", "Fine-tuning", "Evaluation", "Cluster",
-                      "Logging"]),
+                      "Checkpoints", "Fine-tuning", "Cluster", "Logging"]),
     (eval_script, "eval", ["Model", "Data", "Towers", "Optimization",
                            "Checkpoints", "Evaluation", "Logging"]),
     (export, "export", ["Model", "Data", "Towers", "Optimization",
@@ -46,7 +45,7 @@ def test_help_lists_every_flag_of_the_script_in_groups(script, module,
                                                        expected_groups):
   modules = [module, "cli.common_flags", "cli.checkpoint_flags"] + (
       ["cli.fine_tuning", "cli.cluster_flags", "cli.model_dir_flags"]
-      if module == "train" else [])
+      if module == "train" else ["cli.ema_flags"])
   text = flag_groups.help_text(script.__doc__, modules=modules)
   own = module_flags(*modules)
   assert flag_names(text) == own | {"verbosity"}
