@@ -41,14 +41,13 @@ _USER_ERRORS = (ValueError, TypeError, OSError, app.UsageError, flags.Error)
 _RUN_TIME = (TimeoutError, ConnectionError)  # OSErrors: a peer, not a flag.
 _DECODE_ERRORS = (r"Invalid (PNG|JPEG|GIF|BMP)|jpeg::Uncompress|Unknown image "
                   r"file format")  # tf.io.decode_image's own errors.
-_NOISE = ("Graph execution error", "Detected at node", "File ", "Node:",
-          "[[", "Original stack trace", "Instructions for updating")
 
 
 def one_line(text: str) -> str:
   """`text` without TensorFlow's node and stack lines, on one line."""
+  from datasets.record_checks import TF_NOISE  # pylint: disable=g-import-not-at-top
   kept = [line.strip() for line in str(text).splitlines()
-          if line.strip() and not line.strip().startswith(_NOISE)]
+          if line.strip() and not line.strip().startswith(TF_NOISE)]
   return re.sub(r"\s+", " ", " ".join(kept)).strip() or "(no message)"
 
 

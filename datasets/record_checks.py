@@ -27,6 +27,9 @@ import tensorflow as tf
 # The first two bytes of the formats `tf.io.decode_image` reads.
 IMAGE_MAGIC = (b'\x89P', b'\xff\xd8', b'GI', b'BM')
 IMAGE_KEY = 'image/encoded'  # tfrecord.IMAGE_KEY (which imports this).
+# The lines of an op error's message that are TensorFlow's graph traceback.
+TF_NOISE = ('Graph execution error', 'Detected at node', 'File ', 'Node:',
+            '[[', 'Original stack trace', 'Instructions for updating')
 _opened: List[str] = []  # record files of the pipelines built here.
 
 
@@ -145,10 +148,8 @@ def find_damaged_record(files: Optional[Sequence[str]] = None
 
 def op_error_reason(error: tf.errors.OpError) -> str:
   """TensorFlow's own line of an op error, without its graph traceback."""
-  skipped = ('Graph execution error', 'Detected at node', 'File ', 'Node:',
-             '[[')
   lines = [line.strip() for line in error.message.splitlines()]
-  reasons = [line for line in lines if line and not line.startswith(skipped)]
+  reasons = [line for line in lines if line and not line.startswith(TF_NOISE)]
   return reasons[0] if reasons else error.message
 
 
