@@ -17,7 +17,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from estimator_multigpu import gradients
+from estimator_multigpu.update import tower_optimizer as gradients
 import nets
 
 tf1 = tf.compat.v1

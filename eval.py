@@ -33,8 +33,7 @@ import tensorflow as tf
 import tqdm
 
 import estimator_multigpu as emg
-from estimator_multigpu import evaluation
-
+from estimator_multigpu.runtime import evaluation
 from cli import checkpoint_flags
 import classifier
 from cli import common_flags

@@ -42,9 +42,9 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 import estimator_multigpu as emg
 from estimator_multigpu import cluster
-from estimator_multigpu import evaluation
-from estimator_multigpu import hooks
-from estimator_multigpu import scaling
+from estimator_multigpu.runtime import evaluation
+from estimator_multigpu.runtime import hooks
+from estimator_multigpu.runtime import scaling
 from estimator_multigpu.cluster import job_control
 
 import classifier

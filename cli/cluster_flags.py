@@ -14,7 +14,7 @@ from typing import Optional
 from absl import flags
 from absl import logging
 
-from estimator_multigpu import checkpoints
+from estimator_multigpu.runtime import checkpoints
 from estimator_multigpu import cluster
 
 from cli import common_flags

@@ -37,7 +37,7 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu import ema
+from estimator_multigpu.build import ema
 from estimator_multigpu import slim_compat
 
 import classifier

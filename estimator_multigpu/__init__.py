@@ -17,11 +17,11 @@ import importlib
 
 _PUBLIC = {
     "multi_gpu": "replicate",
-    "TowerOptimizer": "gradients",
+    "TowerOptimizer": "update.tower_optimizer",
     "make_session_config": "devices",
     "make_parallel": "parallel",
-    "tower_devices": "plan",
-    "cross_tower_moments": "moments",
+    "tower_devices": "build.plan",
+    "cross_tower_moments": "syncbn.moments",
 }
 
 __all__ = sorted(_PUBLIC)

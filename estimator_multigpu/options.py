@@ -12,13 +12,12 @@ from typing import Optional
 
 from absl import logging
 
-from estimator_multigpu import accumulation
-from estimator_multigpu import allreduce
+from estimator_multigpu.update import accumulation
+from estimator_multigpu.strategies import allreduce
 from estimator_multigpu import devices as devices_lib
-from estimator_multigpu import mixed_precision as mixed_precision_lib
-from estimator_multigpu import plan as plan_lib
+from estimator_multigpu.build import precision
+from estimator_multigpu.build import plan as plan_lib
 from estimator_multigpu import strategies
-
 LOSS_REDUCTIONS = ("mean", "sum")
 
 
@@ -109,7 +108,7 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
       all_reduce=all_reduce or "collective",
       gradient_packing_bytes=int(gradient_packing_bytes or 0),
       accumulate_steps=accumulation.check_steps(accumulate_steps),
-      mixed_precision=mixed_precision_lib.check_mixed_precision(
+      mixed_precision=precision.check_mixed_precision(
           mixed_precision),
       sync_batch_norm=sync_batch_norm)
 

@@ -17,11 +17,11 @@ from tensorflow.python.util import nest as nest_lib  # pylint: disable=g-direct-
 
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import options as options_lib
-from estimator_multigpu import plan as plan_lib
-from estimator_multigpu import splitting
-from estimator_multigpu import strategies
-from estimator_multigpu import towers as towers_lib
-
+from estimator_multigpu.build import empty_shards
+from estimator_multigpu.build import plan as plan_lib
+from estimator_multigpu.build import splitting
+from estimator_multigpu.strategies import shared
+from estimator_multigpu.build import towers as towers_lib
 tf1 = tf.compat.v1
 
 
@@ -99,9 +99,10 @@ def make_parallel(fn: Callable[..., Any],
       session_config, api="make_parallel")
   check_batched_inputs(batched_inputs)
   if plan.num_towers == 1:
-    return _call_towers(fn, plan, [batched_inputs])[0]
+    return _call_towers(fn, plan, [batched_inputs], None)[0]
   split = splitting.split_batch(batched_inputs, None, plan.num_towers)
-  outputs = _call_towers(fn, plan, [features for features, _ in split.shards])
+  outputs = _call_towers(fn, plan, [features for features, _ in split.shards],
+                        split)
   with tf.device(plan.aggregation_device), tf.name_scope("make_parallel"):
     return concat_outputs(outputs)
 
@@ -150,12 +151,13 @@ _KERAS_HINT = (" A Keras layer or model made outside `fn` must be built "
                "before make_parallel (`model.build(input_shape)`).")
 
 
-def _call_towers(fn, plan: plan_lib.Plan, shards: list) -> list:
+def _call_towers(fn, plan: plan_lib.Plan, shards: list, split) -> list:
   """Builds one tower per device with shared variables; returns outputs."""
   towers = towers_lib.build_towers(
       lambda tower, shard: _call_in_tower(fn, tower, shard), plan, shards,
-      strategies.SharedVariables(plan), api="make_parallel",
-      hint=_KERAS_HINT)
+      shared.SharedVariables(plan), api="make_parallel",
+      hint=_KERAS_HINT,
+      tower_scopes=[empty_shards.scope_factory(split)] if split else [])
   return [tower.output for tower in towers]
 
 

@@ -2,7 +2,7 @@
 
 - `task`: which task this process runs (`Task`, from flags or TF_CONFIG), its
   server and session config (the evaluator's checkpoint loop is
-  `estimator_multigpu.evaluation`).
+  `estimator_multigpu.runtime.evaluation`).
 - `job_control`: how a job starts and ends (waiting for the ps and the chief,
   reporting to the ps, the ps watchdog, `run_trainer`).
 - `launch`: `python -m estimator_multigpu.cluster.launch` starts a whole job

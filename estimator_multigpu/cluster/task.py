@@ -18,7 +18,7 @@ This module: which task this process runs and how its server starts.
     itself only.
   - `exit_process`: a task's process can hang in TensorFlow's teardown of
     its server; tasks flush their files and leave at once.
-The evaluator task runs `estimator_multigpu.evaluation.evaluate_checkpoints`,
+The evaluator task runs `estimator_multigpu.runtime.evaluation.evaluate_checkpoints`,
 the loop eval.py runs too.
 
 How a job starts and ends (waiting for the ps and the chief, reporting to

@@ -1,4 +1,4 @@
-"""estimator_multigpu.checkpoints: real checkpoints, really damaged."""
+"""estimator_multigpu.runtime.checkpoints: real checkpoints, really damaged."""
 
 import os
 
@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_multigpu import checkpoints
-
+from estimator_multigpu.runtime import checkpoints
 tf1 = tf.compat.v1
 
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 import classifier
 import datasets
 import estimator_multigpu as emg
-from estimator_multigpu import mixed_precision
+from estimator_multigpu.update import loss_scaling
 import harness
 
 tf1 = tf.compat.v1
@@ -154,7 +154,7 @@ def test_float16_overflow_at_loss_scale_1_stops_training(session_config):
   # dpred ~ 2·5·10³/16 and dW = xᵀ·dpred ~ 10⁴·6·10² > 65504. After 15
   # halvings from 2¹⁵ the scale is 1 and the 16th skip stops training.
   x, y = harness.linear_data(8)
-  with pytest.raises(mixed_precision.NonFiniteGradientsError,
+  with pytest.raises(loss_scaling.NonFiniteGradientsError,
                      match="loss scale 1"):
     fed_batches([1e4 * x], [y], linear_model_fn(), session_config, 20)
 

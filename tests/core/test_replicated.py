@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
-from estimator_multigpu import allreduce
+from estimator_multigpu.strategies import allreduce
 import harness
 
 tf1 = tf.compat.v1

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_multigpu import splitting
-
+from estimator_multigpu.build import splitting
 tf1 = tf.compat.v1
 
 

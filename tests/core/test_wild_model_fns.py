@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_slim as slim
 
 import estimator_multigpu as emg
-from estimator_multigpu import gradients as gradients_lib
+from estimator_multigpu.update import clipping
 import bert_like
 import harness
 
@@ -320,7 +320,7 @@ def test_a_scalar_prediction_is_a_clear_error_naming_its_key(session_config):
 # Clipping by global norm inside the towers: a warning with the fix.
 def test_clip_by_global_norm_in_the_model_fn_warns_once(session_config,
                                                         caplog, monkeypatch):
-  monkeypatch.setattr(gradients_lib, "_WARNED", set())
+  monkeypatch.setattr(clipping, "_WARNED", set())
   with caplog.at_level(logging.WARNING, logger="absl"):
     harness.train(tf_gradients_model_fn, X, Y, 1, session_config,
                   num_towers=3)

@@ -1,11 +1,10 @@
-"""Tests for the checkpoint loop (`estimator_multigpu.evaluation`)."""
+"""Tests for the checkpoint loop (`estimator_multigpu.runtime.evaluation`)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_multigpu import evaluation
-
+from estimator_multigpu.runtime import evaluation
 tf1 = tf.compat.v1
 
 

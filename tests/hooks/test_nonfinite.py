@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_multigpu import hooks
-
+from estimator_multigpu.runtime import hooks
 tf1 = tf.compat.v1
 BAD_STEP = 3  # the update of step 3 makes `w` NaN; the loss stays finite.
 

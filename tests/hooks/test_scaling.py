@@ -1,4 +1,4 @@
-"""Tests for the scaling report hook (`estimator_multigpu.scaling`).
+"""Tests for the scaling report hook (`estimator_multigpu.runtime.scaling`).
 
 No test bounds a wall-clock time: the log lines are checked for arithmetic
 (their numbers agree with each other, the batch and the tower count) and
@@ -14,9 +14,8 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
-from estimator_multigpu import hooks
-from estimator_multigpu import scaling
-
+from estimator_multigpu.runtime import hooks
+from estimator_multigpu.runtime import scaling
 tf1 = tf.compat.v1
 pytestmark = pytest.mark.filterwarnings("ignore:`tf.layers.dense`")
 GLOBAL_BATCH = 16

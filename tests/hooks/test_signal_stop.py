@@ -8,8 +8,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from estimator_multigpu import hooks
-
+from estimator_multigpu.runtime import hooks
 tf1 = tf.compat.v1
 
 

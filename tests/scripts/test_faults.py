@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_multigpu import checkpoints
-
+from estimator_multigpu.runtime import checkpoints
 pytestmark = pytest.mark.slow  # every test starts train.py.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

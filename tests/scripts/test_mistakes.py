@@ -28,8 +28,7 @@ from absl.testing import flagsaver
 import pytest
 import tensorflow as tf
 
-from estimator_multigpu import checkpoints
-
+from estimator_multigpu.runtime import checkpoints
 from cli import errors
 from datasets import record_checks
 import bad_inputs as bad
@@ -335,7 +334,7 @@ def test_the_table_covers_flags_data_and_model_dirs():
 
 def test_leftovers_of_a_killed_save_go_complete_checkpoints_stay(
     trained, tmp_path, caplog):
-  # Issue 17, deliverable 4 (estimator_multigpu.checkpoints; see also
+  # Issue 17, deliverable 4 (estimator_multigpu.runtime.checkpoints; see also
   # tests/core/test_checkpoints.py): a SIGKILL during a save leaves
   # model.ckpt-N_temp/, removed with an INFO line when training starts.
   model_dir = str(tmp_path / "model")

@@ -11,8 +11,7 @@ import pytest
 from script_runs import run_script
 import tensorflow as tf
 
-from estimator_multigpu import evaluation
-
+from estimator_multigpu.runtime import evaluation
 from cli import common_flags
 import eval as eval_script
 import train

@@ -38,6 +38,13 @@ class Split:
     """Whether the shard sizes are known when the graph is built."""
     return isinstance(self.global_batch_size, int)
 
+  def may_be_empty(self, index: int) -> bool:
+    """Whether tower `index`'s shard is, or may be at run time, empty (tower
+    0's only when the global batch is)."""
+    if self.static:
+      return self.sizes[index] == 0
+    return index > 0
+
   def loss_weight(self, index: int, loss_reduction: str):
     """What tower `index`'s loss (and gradients) are scaled by.
 

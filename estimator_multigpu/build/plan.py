@@ -15,9 +15,8 @@ from typing import Optional, Sequence, Union
 from absl import logging
 
 from estimator_multigpu import devices as devices_lib
-from estimator_multigpu import splitting
-from estimator_multigpu import towers as towers_lib
-
+from estimator_multigpu.build import splitting
+from estimator_multigpu.build import towers as towers_lib
 DevicesOption = Union[None, int, Sequence[str], Sequence[Sequence[str]]]
 
 

@@ -52,8 +52,7 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu import hooks
-
+from estimator_multigpu.runtime import hooks
 tf1 = tf.compat.v1
 
 INPUT_OP_TYPES = frozenset([

@@ -32,15 +32,13 @@ import contextlib
 import copy
 from typing import Optional
 
-from absl import logging
 import tensorflow as tf
 from tensorflow.python.ops import ref_variable  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
-from estimator_multigpu import allreduce
-from estimator_multigpu import gradients as gradients_lib
-from estimator_multigpu import strategies
-
+from estimator_multigpu.strategies import allreduce
+from estimator_multigpu.strategies import base
+from estimator_multigpu.strategies import shared
 tf1 = tf.compat.v1
 
 
@@ -77,7 +75,7 @@ def fresh_optimizer(optimizer: tf1.train.Optimizer) -> tf1.train.Optimizer:
   return clone
 
 
-class ReplicatedVariables(strategies.SharedVariables):
+class ReplicatedVariables(shared.SharedVariables):
   """A copy of the trainable variables per tower; all-reduce; N updates."""
 
   name = "replicated"
@@ -138,58 +136,62 @@ class ReplicatedVariables(strategies.SharedVariables):
           tf1.add_to_collection(tf1.GraphKeys.REGULARIZATION_LOSSES, loss)
     return self._copies[key]
 
-  def apply_gradients(self, towers: list,
-                      clip_norm: Optional[float]) -> list:
-    gradients_lib.check_call_counts(towers)
-    ops = []
-    for position, first in enumerate(towers[0].optimizer_calls):
-      _refuse_sync_replicas(first.optimizer)
-      calls = [tower.optimizer_calls[position] for tower in towers]
+  def combine(self, towers: list) -> list:
+    """All-reduces each optimizer call's gradients: one sum per tower."""
+    updates = []
+    for position, calls in enumerate(base.calls_by_position(towers)):
+      _refuse_sync_replicas(calls[0].optimizer)
       tower_pairs = [self._as_tower0_variables(call.grads_and_vars)
                      for call in calls]
-      gradients_lib.check_variables_line_up(tower_pairs)
+      base.check_variables_line_up(tower_pairs)
       variables = [v for _, v in tower_pairs[0]]
-      _warn_no_gradient([[g for g, _ in pairs] for pairs in tower_pairs],
-                        variables)
+      tower_grads = [[g for g, _ in pairs] for pairs in tower_pairs]
+      base.warn_no_gradient(tower_grads, variables)
       with tf.name_scope("all_reduce"):
         summed = allreduce.all_reduce(
-            [[g for g, _ in pairs] for pairs in tower_pairs], variables,
-            [tower.device for tower in towers], self.plan.all_reduce,
-            self.plan.gradient_packing_bytes, self.plan.aggregation_device)
+            tower_grads, variables, [tower.device for tower in towers],
+            self.plan.all_reduce, self.plan.gradient_packing_bytes,
+            self.plan.aggregation_device)
+      updates += [base.Update(position, calls[0], tower, tower.device,
+                              list(zip(grads, variables)))
+                  for tower, grads in zip(towers, summed)]
+    return updates
+
+  def apply(self, updates: list,
+            apply_if: Optional[tf.Tensor] = None) -> list:
+    """Every tower applies its sum to its own copies; `global_step` once."""
+    ops = []
+    for position in sorted({update.position for update in updates}):
+      mine = [u for u in updates if u.position == position]
       tower0_state: list = []
-      applies = []
-      for tower, grads in zip(towers, summed):
-        grads_and_vars = list(zip(grads, variables))
-        if clip_norm is not None:
-          with tf.device(tower.device), tf.name_scope(f"{tower.name}_clip"):
-            grads_and_vars = gradients_lib.clip_by_global_norm(
-                grads_and_vars, clip_norm)
-        applies.append(self._apply(tower, first, grads_and_vars,
-                                   tower0_state))
-      ops.append(_step_once(first.global_step, applies))
+      applies = [self._apply(update, tower0_state, apply_if)
+                 for update in mine]
+      ops.append(_step_once(mine[0].call.global_step, applies, apply_if))
     return ops
 
   def _as_tower0_variables(self, grads_and_vars: list) -> list:
     return [(g, self._originals.get(v.op.name, v)) for g, v in grads_and_vars]
 
-  def _apply(self, tower, first, grads_and_vars: list, tower0_state: list):
+  def _apply(self, update, tower0_state: list, apply_if):
     """Tower 0 applies as the unwrapped model_fn; towers 1.. to their copies.
 
     Tower 0's optimizer state is recorded in `tower0_state` in creation
     order; towers 1.. create theirs in the same order, as local copies.
     """
+    tower, first = update.tower, update.call
     if tower.index == 0:
       with tf.device(tower.device), first.scopes(), \
           tf1.variable_creator_scope(_recorder(tower0_state)):
-        return first.optimizer.apply_combined(grads_and_vars, None,
-                                              first.name)
+        return first.optimizer.apply_combined(
+            update.grads_and_vars, None, first.name, apply_if=apply_if)
     pairs = [(g, self._copies[(tower.index, v.op.name)])
-             for g, v in grads_and_vars
+             for g, v in update.grads_and_vars
              if (tower.index, v.op.name) in self._copies]
-    optimizer = fresh_optimizer(first.optimizer._optimizer)  # pylint: disable=protected-access
+    optimizer = fresh_optimizer(first.optimizer.wrapped)
     with tf.device(tower.device), tf1.name_scope(tower.name + "/"), \
         _local_state_scope(tower, tower0_state):
-      return optimizer.apply_gradients(pairs, None, first.name)
+      return base.applied_if(apply_if, lambda: optimizer.apply_gradients(
+          pairs, None, first.name))
 
 
 def _recorder(created: list):
@@ -224,27 +226,21 @@ def _local_state_scope(tower, tower0_state: list):
     yield
 
 
-def _step_once(global_step, applies: list) -> tf.Operation:
-  """Groups the towers' updates; then moves `global_step` once."""
+def _step_once(global_step, applies: list, apply_if) -> tf.Operation:
+  """Groups the towers' updates; then moves `global_step` once (unless the
+  update was skipped)."""
   if global_step is None:
     return tf.group(*applies, name="replicated_update")
   with tf.control_dependencies(applies), tf1.colocate_with(global_step):
-    return tf1.assign_add(global_step, 1, name="global_step_update").op
+    return base.applied_if(apply_if, lambda: tf1.assign_add(
+        global_step, 1, name="global_step_update").op,
+                           name="global_step_if_finite")
 
 
 def _refuse_sync_replicas(optimizer) -> None:
-  inner = getattr(optimizer, "_optimizer", optimizer)
-  if isinstance(inner, tf1.train.SyncReplicasOptimizer):
+  if isinstance(optimizer.wrapped, tf1.train.SyncReplicasOptimizer):
     raise ValueError(
         "`SyncReplicasOptimizer` was given with variable_update='replicated'. "
         "It aggregates gradients on parameter servers, which hold one copy "
         "of each variable; the replicated mode keeps a copy per tower. Use "
         "variable_update='shared' with SyncReplicasOptimizer.")
-
-
-def _warn_no_gradient(tower_grads: list, variables: list) -> None:
-  missing = [v.op.name for k, v in enumerate(variables)
-             if all(grads[k] is None for grads in tower_grads)]
-  if missing:
-    logging.warning("multi_gpu: no gradient for %d variable(s): %s",
-                    len(missing), ", ".join(missing))

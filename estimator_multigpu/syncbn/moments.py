@@ -29,8 +29,7 @@ from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
-from estimator_multigpu import collectives
-
+from estimator_multigpu.syncbn import collectives
 tf1 = tf.compat.v1
 _STACK = threading.local()
 _ORIGINAL_FUSED_BATCH_NORM = tf1.nn.fused_batch_norm

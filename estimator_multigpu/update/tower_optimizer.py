@@ -1,4 +1,4 @@
-"""Gradients: `TowerOptimizer` records each tower's, the plan combines them.
+"""`TowerOptimizer`: records each tower's gradients; applies the combined ones.
 
 Inside a tower, `TowerOptimizer.apply_gradients` (and so `minimize`) records
 the gradients it is given, scaled by the tower's share of the global batch,
@@ -6,11 +6,9 @@ and returns a no-op. The scaling happens there, whatever computed the
 gradients: `TowerOptimizer.compute_gradients`, the wrapped optimizer's,
 `tf.gradients`, a custom path, clipped or not. So a tower's gradients count
 once, with the right weight; clipping inside the model_fn clips each tower's
-own (mean) gradient before it is weighted. Once every tower is built,
-`apply_tower_gradients` sums the recorded gradients per variable on the
-aggregation device (`IndexedSlices` stay sparse, `None` is skipped),
-optionally clips them by global norm, and applies them once with the wrapped
-optimizer, so `global_step` moves once per step.
+own (mean) gradient before it is weighted. Once every tower is built, the
+update chain (`update.chain`) combines the recorded gradients through the
+plan's strategy and `apply_combined` applies them once per step.
 """
 
 from __future__ import annotations
@@ -18,12 +16,12 @@ from __future__ import annotations
 import contextlib
 from typing import Optional
 
-from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu import mixed_precision
-from estimator_multigpu import towers as towers_lib
-
+from estimator_multigpu.build import precision
+from estimator_multigpu.build import towers as towers_lib
+from estimator_multigpu.strategies import base
+from estimator_multigpu.update import clipping
 tf1 = tf.compat.v1
 
 # Names of the SyncReplicasOptimizers that applied gradients in this graph
@@ -94,7 +92,7 @@ class TowerOptimizer(tf1.train.Optimizer):
     if var_list is not None and tower.local_variables:
       var_list = [tower.local_variables.get(getattr(v, "op", v).name, v)
                   for v in tf.nest.flatten(var_list)]
-    loss = mixed_precision.scale_loss(loss)  # float32 (× loss scale: float16)
+    loss = precision.scale_loss(loss)  # float32 (× loss scale: float16)
     kwargs["colocate_gradients_with_ops"] = True
     if tower.index == 0:  # the scope's control inputs, for the train op.
       tower.deferred_dependencies.append(
@@ -115,10 +113,10 @@ class TowerOptimizer(tf1.train.Optimizer):
     if tower is None:
       return self.apply_combined(grads_and_vars, global_step, name)
     grads_and_vars = list(grads_and_vars)
-    if mixed_precision.loss_scaling_active():
+    if precision.loss_scaling_active():
       _check_loss_scaled(tower, grads_and_vars)
     if tower.num_towers > 1:
-      warn_if_clipped_by_global_norm([g for g, _ in grads_and_vars])
+      clipping.warn_if_clipped_by_global_norm([g for g, _ in grads_and_vars])
     with _outside_control_dependencies(tower), tf.name_scope("tower_weight"):
       weighted = [(_scale(g, tower.loss_weight), v) for g, v in grads_and_vars]
     tower.optimizer_calls.append(towers_lib.OptimizerCall(
@@ -126,8 +124,18 @@ class TowerOptimizer(tf1.train.Optimizer):
         tf1.get_variable_scope(), tf1.get_default_graph().get_name_scope()))
     return tf.no_op(name="recorded_for_tower_aggregation")
 
-  def apply_combined(self, grads_and_vars, global_step=None, name=None):
-    """Applies gradients that cover the whole global batch."""
+  @property
+  def wrapped(self) -> tf1.train.Optimizer:
+    """The optimizer this one wraps."""
+    return self._optimizer
+
+  def apply_combined(self, grads_and_vars, global_step=None, name=None,
+                     apply_if: Optional[tf.Tensor] = None):
+    """Applies gradients that cover the whole global batch.
+
+    With `apply_if` (a scalar bool), the wrapped optimizer's apply, and the
+    `global_step` increment with it, run only when it is True.
+    """
     grads_and_vars = list(grads_and_vars)
     if self._summarize_gradient_norm:
       tf1.summary.scalar("gradient_global_norm", tf.linalg.global_norm(
@@ -135,7 +143,8 @@ class TowerOptimizer(tf1.train.Optimizer):
     if isinstance(self._optimizer, tf1.train.SyncReplicasOptimizer):
       tf1.add_to_collection(SYNC_REPLICAS_COLLECTION,
                             self._optimizer.get_name())
-    return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+    return base.applied_if(apply_if, lambda: self._optimizer.apply_gradients(
+        grads_and_vars, global_step, name))
 
   def get_slot(self, *args, **kwargs):
     return self._optimizer.get_slot(*args, **kwargs)
@@ -175,37 +184,6 @@ def _outside_control_dependencies(tower):
           contextlib.nullcontext())
 
 
-_CLIP_SCOPE = "clip_by_global_norm"
-_WARNED: set = set()
-
-
-def warn_if_clipped_by_global_norm(grads: list) -> bool:
-  """Warns once when a tower's gradients come from `tf.clip_by_global_norm`.
-
-  Returns:
-    Whether the gradients look clipped by global norm (an output of the ops
-    `tf.clip_by_global_norm` names after itself, as Google BERT's
-    `optimization.py` and `tf_slim.optimize_loss(clip_gradients=...)` use).
-  """
-  clipped = any(_CLIP_SCOPE in _producer_name(g) for g in grads
-                if g is not None)
-  if clipped and _CLIP_SCOPE not in _WARNED:
-    _WARNED.add(_CLIP_SCOPE)
-    logging.warning(
-        "multi_gpu: the model_fn clips its gradients by global norm "
-        "(tf.clip_by_global_norm) inside each tower, so each tower's own "
-        "gradient is clipped before the towers are combined; one device "
-        "clips the gradient of the whole batch. To clip exactly as on one "
-        "device, remove the clip from the model_fn and pass "
-        "multi_gpu(..., clip_gradients_by_norm=<the same norm>).")
-  return clipped
-
-
-def _producer_name(grad) -> str:
-  values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-  return getattr(getattr(values, "op", None), "name", "")
-
-
 def _scale(grad, weight):
   """grad * weight, and 0 where weight is 0 even if grad is NaN or Inf."""
   if grad is None or (isinstance(weight, float) and weight == 1.0):
@@ -216,105 +194,3 @@ def _scale(grad, weight):
                                 tf.cast(weight, grad.values.dtype)),
         grad.indices, grad.dense_shape)
   return tf.math.multiply_no_nan(grad, tf.cast(weight, grad.dtype))
-
-
-def apply_tower_gradients(towers: list, aggregation_device: Optional[str],
-                          clip_norm: Optional[float]) -> list:
-  """Applies every recorded optimizer call once, with combined gradients.
-
-  Args:
-    towers: the built towers; their `optimizer_calls` must line up.
-    aggregation_device: where gradients are summed and applied.
-    clip_norm: if set, clip the combined gradients to this global norm.
-
-  Returns:
-    The apply ops, one per optimizer call of tower 0.
-
-  Raises:
-    ValueError: towers made different numbers of calls, or their variable
-      lists differ.
-  """
-  check_call_counts(towers)
-  ops = []
-  for position, first_call in enumerate(towers[0].optimizer_calls):
-    calls = [tower.optimizer_calls[position] for tower in towers]
-    with tf.device(aggregation_device), tf.name_scope("tower_gradients"):
-      grads_and_vars = sum_tower_gradients(
-          [call.grads_and_vars for call in calls])
-      if clip_norm is not None:
-        grads_and_vars = clip_by_global_norm(grads_and_vars, clip_norm)
-    with tf.device(aggregation_device), first_call.scopes():
-      ops.append(first_call.optimizer.apply_combined(
-          grads_and_vars, first_call.global_step, first_call.name))
-  return ops
-
-
-def check_call_counts(towers: list) -> None:
-  counts = [len(tower.optimizer_calls) for tower in towers]
-  if len(set(counts)) > 1:
-    raise ValueError(
-        "Towers called `TowerOptimizer.apply_gradients` (or `minimize`) "
-        f"different numbers of times: {counts} (tower 0 first). The model_fn "
-        "must make the same optimizer calls, in the same order, in every tower.")
-
-
-def sum_tower_gradients(tower_grads: list) -> list:
-  """Sums per-variable gradients over towers.
-
-  Args:
-    tower_grads: per tower, a list of `(gradient, variable)` pairs over the
-      same variables in the same order.
-
-  Returns:
-    One list of `(gradient, variable)`; a gradient is None when every tower's
-    is None, `IndexedSlices` when every tower's is.
-  """
-  check_variables_line_up(tower_grads)
-  combined = []
-  for pairs in zip(*tower_grads):
-    grads = [g for g, _ in pairs if g is not None]
-    combined.append((_sum(grads), pairs[0][1]))
-  missing = [v.op.name for g, v in combined if g is None]
-  if missing:
-    logging.warning("multi_gpu: no gradient for %d variable(s): %s",
-                    len(missing), ", ".join(missing))
-  return combined
-
-
-def _sum(grads: list):
-  if not grads:
-    return None
-  if len(grads) == 1:
-    return grads[0]
-  if all(isinstance(g, tf.IndexedSlices) for g in grads):
-    return tf.IndexedSlices(tf.concat([g.values for g in grads], axis=0),
-                            tf.concat([g.indices for g in grads], axis=0),
-                            grads[0].dense_shape)
-  return tf.math.add_n([tf.convert_to_tensor(g) for g in grads])
-
-
-def check_variables_line_up(tower_grads: list) -> None:
-  reference = [v for _, v in tower_grads[0]]
-  for index, pairs in enumerate(tower_grads[1:], start=1):
-    variables = [v for _, v in pairs]
-    if variables != reference:
-      only_0 = sorted({v.op.name for v in reference} -
-                      {v.op.name for v in variables})
-      only_i = sorted({v.op.name for v in variables} -
-                      {v.op.name for v in reference})
-      logging.error("multi_gpu: tower 0 vs tower %d variables differ: only "
-                    "in tower 0: %s; only in tower %d: %s",
-                    index, only_0, index, only_i)
-      raise ValueError(
-          f"Tower {index} computed gradients for different variables than "
-          f"tower 0 (only in tower 0: {only_0 or 'none'}; only in tower "
-          f"{index}: {only_i or 'none'}; or a different order). Every tower "
-          "must call the optimizer on the same variables.")
-
-
-def clip_by_global_norm(grads_and_vars: list, clip_norm: float) -> list:
-  """Clips the gradients (None skipped) to a global norm of `clip_norm`."""
-  present = [(g, v) for g, v in grads_and_vars if g is not None]
-  clipped, _ = tf.clip_by_global_norm([g for g, _ in present], clip_norm)
-  by_variable = {id(v): g for (_, v), g in zip(present, clipped)}
-  return [(by_variable.get(id(v)), v) for _, v in grads_and_vars]

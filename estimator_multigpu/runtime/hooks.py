@@ -23,8 +23,7 @@ from typing import Callable, Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu import guards
-
+from estimator_multigpu.runtime import guards
 # The guards, under the names callers have always used.
 NonFiniteLossError = guards.NonFiniteLossError
 NonFiniteLossHook = guards.NonFiniteLossHook
