@@ -25,6 +25,8 @@ _PUBLIC = {
     "global_ratio": "cross_tower.tools",
     "cross_tower_sum": "cross_tower.tools",
     "cross_tower_concat": "cross_tower.tools",
+    "check_towers": "check",
+    "TowerCheck": "check",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -72,7 +72,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
                     for i in range(plan.num_towers)],
       tower_scopes=[empty_shards.scope_factory(split)] +
       ([precision.tower_scope] if precision else []) +
-      _cross_tower_scopes(plan, mode, options))
+      _cross_tower_scopes(plan, split, mode, options))
   if mode != ModeKeys.TRAIN:
     spec = specs_lib.merge_specs(towers, mode)
   else:
@@ -141,17 +141,21 @@ def _check_no_parameter_servers(config) -> None:
         "in each tower. Use variable_update='shared' in a ps cluster.")
 
 
-def _cross_tower_scopes(plan, mode, options: Options) -> list:
+def _cross_tower_scopes(plan, split, mode, options: Options) -> list:
   """With several towers: the cross-tower context (`emg.cross_tower_sum`
   &co.), `tf.compat.v1.losses` over the global batch (TRAIN, EVAL) and
-  synchronized batch norm (TRAIN, `sync_batch_norm`)."""
+  batch norm over the global batch (TRAIN with `sync_batch_norm`), or a
+  warning that it is per tower (TRAIN without)."""
   if plan.num_towers == 1:
     return []
-  scopes = [context.scope_factory(plan.devices)]
+  scopes = [context.scope_factory(plan.devices, split.sizes,
+                                  options.loss_reduction == "mean")]
   if mode in (ModeKeys.TRAIN, ModeKeys.EVAL):
     scopes.append(losses.loss_scope)
-  if options.sync_batch_norm and mode == ModeKeys.TRAIN:
-    scopes.append(sync_batch_norm.scope_factory(plan.devices))
+  if mode == ModeKeys.TRAIN:
+    scopes.append(sync_batch_norm.scope_factory(plan.devices)
+                  if options.sync_batch_norm else
+                  sync_batch_norm.per_tower_scope)
   return scopes
 
 

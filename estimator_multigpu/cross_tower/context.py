@@ -32,12 +32,18 @@ class TowerContext:
       gradients are multiplied by (`collectives.all_reduce_sum`).
     synchronize_moments: whether batch-norm moments reduce over the group
       (`multi_gpu(sync_batch_norm=True)` in TRAIN).
+    examples: the tower's examples (int, or a scalar tensor at run time);
+      None when unknown.
+    example_shares: whether `loss_weight` is the tower's share of the
+      examples, nᵢ/n (`loss_reduction="mean"`).
   """
   tower_index: int
   group: collectives.Group
   graph: tf.Graph
   loss_weight: Any = None
   synchronize_moments: bool = False
+  examples: Any = None
+  example_shares: bool = False
 
   @property
   def device(self) -> str:
@@ -57,13 +63,22 @@ def current(synchronize_moments: bool = False) -> Optional[TowerContext]:
 
 @contextlib.contextmanager
 def tower_context(tower_index: int, group: collectives.Group,
-                  loss_weight: Any = None, synchronize_moments: bool = False):
-  """Makes the cross-tower operations inside reduce over `group`'s towers."""
+                  loss_weight: Any = None, synchronize_moments: bool = False,
+                  **details):
+  """Makes the cross-tower operations inside reduce over `group`'s towers.
+
+  `details`: `examples` and `example_shares` (see `TowerContext`); by
+  default those of the enclosing context of the same tower.
+  """
   if not 0 <= tower_index < group.num_towers:
     raise ValueError(f"`tower_index` is {tower_index}; expected one of "
                      f"0..{group.num_towers - 1} for {group.devices}.")
+  outer = current()
+  if not details and outer is not None and outer.tower_index == tower_index:
+    details = dict(examples=outer.examples,
+                   example_shares=outer.example_shares)
   context = TowerContext(tower_index, group, tf1.get_default_graph(),
-                         loss_weight, synchronize_moments)
+                         loss_weight, synchronize_moments, **details)
   _STACK.contexts = getattr(_STACK, "contexts", []) + [context]
   try:
     yield context
@@ -71,8 +86,15 @@ def tower_context(tower_index: int, group: collectives.Group,
     _STACK.contexts = [c for c in _STACK.contexts if c is not context]
 
 
-def scope_factory(devices, timeout: float = collectives.TIMEOUT_SECONDS):
+def scope_factory(devices, sizes=None, example_shares: bool = False,
+                  timeout: float = collectives.TIMEOUT_SECONDS):
   """The `towers.build_towers` scope factory for towers on `devices`.
+
+  Args:
+    devices: every tower's device, in tower order.
+    sizes: every tower's examples (`splitting.Split.sizes`), or None.
+    example_shares: whether the towers' loss weights are nᵢ/n.
+    timeout: seconds a collective waits for the other towers.
 
   After the last tower, checks that every tower built the same all-reduces
   (`collectives.check_complete`): a mismatch would hang the first step.
@@ -81,7 +103,9 @@ def scope_factory(devices, timeout: float = collectives.TIMEOUT_SECONDS):
 
   @contextlib.contextmanager
   def scope(tower):
-    with tower_context(tower.index, group, tower.loss_weight):
+    with tower_context(tower.index, group, tower.loss_weight,
+                       examples=sizes[tower.index] if sizes else None,
+                       example_shares=example_shares):
       yield
     if tower.index == group.num_towers - 1:
       collectives.check_complete()

@@ -35,11 +35,16 @@ import importlib
 import threading
 from typing import Any
 
+from absl import logging
 import tensorflow as tf
 
+
 from estimator_multigpu.cross_tower import collectives
+from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.cross_tower import moments
+
 tf1 = tf.compat.v1
+_WARNED: set = set()
 _LOCK = threading.RLock()
 _DEPTH = [0]  # open scopes; the patches are installed while > 0.
 _KERAS_BATCH_NORM = "keras.src.layers.normalization.batch_normalization"
@@ -74,6 +79,30 @@ def tower_scope(tower_index: int, group: collectives.Group,
     yield
   if tower_index == group.num_towers - 1:
     collectives.check_complete()
+
+
+@contextlib.contextmanager
+def per_tower_scope(tower):
+  """Without `sync_batch_norm`: batch norm stays per tower, and a layer that
+  normalizes with batch statistics warns once that it does."""
+  del tower
+  with _patched():
+    yield
+
+
+def _per_tower(training: Any = True) -> None:
+  """A batch-norm layer is normalizing one tower's shard: warn once."""
+  context = context_lib.current()
+  if (context is None or context.group.num_towers == 1 or training is False
+      or "per_tower" in _WARNED):
+    return
+  _WARNED.add("per_tower")
+  logging.warning(
+      "multi_gpu: batch norm in training normalizes each tower's shard with "
+      "that shard's own statistics (%d towers), so its outputs, gradients "
+      "and moving statistics differ from one device's on the global batch. "
+      "Pass multi_gpu(..., sync_batch_norm=True) (train.py "
+      "--sync_batch_norm) for one device's numbers.", context.group.num_towers)
 
 
 @contextlib.contextmanager
@@ -132,6 +161,7 @@ def _keras_moments(original):
   def _moments(self, inputs, reduction_axes, keep_dims, mask=None):
     if (moments.current_context() is None
         or self.virtual_batch_size is not None):
+      _per_tower()
       return original(self, inputs, reduction_axes, keep_dims, mask=mask)
     weights = (None if mask is None else
                tf.expand_dims(tf.cast(mask, inputs.dtype), axis=-1))
@@ -148,6 +178,7 @@ def _keras_fused(original):
 
   def _fused_batch_norm(self, inputs, mask, training):
     if moments.current_context() is None:
+      _per_tower(training)
       return original(self, inputs, mask, training)
     nn_module = tf1.nn  # Keras looks the op up here at call time.
     previous = nn_module.fused_batch_norm
@@ -172,6 +203,8 @@ class _SlimNN:
 
   @staticmethod
   def fused_batch_norm(*args, **kwargs):
+    if moments.current_context() is None:
+      _per_tower(kwargs.get("is_training", True))
     return moments.sync_fused_batch_norm(*args, **kwargs)
 
   def moments(self, x, axes, shift=None, name=None, keep_dims=None,
@@ -196,5 +229,7 @@ class _SlimNN:
 def _reduces_batch(x, axes) -> bool:
   """Whether moments of `x` over `axes` are batch statistics to share."""
   rank = tf.convert_to_tensor(x).shape.rank
-  return (moments.current_context() is not None and rank is not None
-          and 0 in [axis % rank for axis in axes])
+  batch = rank is not None and 0 in [axis % rank for axis in axes]
+  if batch and moments.current_context() is None:
+    _per_tower()
+  return batch and moments.current_context() is not None

@@ -13,6 +13,12 @@ share of the global sum (`tools.tower_share`). Several terms with different
 normalizers in one total each get their own. The loss the tower returns, and
 `get_total_loss()`, are then the tower's share: `multi_gpu` combines the
 towers' shares into one device's loss.
+
+A per-example mean (scalar weights, or `SUM_OVER_BATCH_SIZE`, of losses
+shaped [examples, fixed dims]) with `loss_reduction="mean"` needs none of
+this: its normalizer is a fixed multiple of the tower's examples, so
+Σᵢ (nᵢ/n)·meanᵢ is the global mean already. It stays TensorFlow's own, with
+no communication between the towers.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import tensorflow as tf
 from tensorflow.python.ops.losses import losses_impl  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops.losses import util as losses_util  # pylint: disable=g-direct-tensorflow-import
 
+from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.cross_tower import tools
 
 tf1 = tf.compat.v1
@@ -60,7 +67,12 @@ def _global_mean(losses, num_present):
 def _compute_weighted_loss(losses, weights=1.0, scope=None,
                            loss_collection=tf1.GraphKeys.LOSSES,
                            reduction=Reduction.SUM_BY_NONZERO_WEIGHTS):
-  """`compute_weighted_loss`, with a `SUM` term as the tower's share."""
+  """`compute_weighted_loss` over the global batch (see the module doc)."""
+  if reduction == Reduction.NONE or _tower_mean_is_exact(losses, weights,
+                                                         reduction):
+    with _local_means():
+      return _ORIGINAL["compute_weighted_loss"](
+          losses, weights, scope, loss_collection, reduction)
   if reduction != Reduction.SUM:
     return _ORIGINAL["compute_weighted_loss"](
         losses, weights, scope, loss_collection, reduction)
@@ -69,6 +81,38 @@ def _compute_weighted_loss(losses, weights=1.0, scope=None,
   share = tf.cast(tools.tower_share(tf.cast(loss, tf.float32)), loss.dtype)
   losses_util.add_loss(share, loss_collection)
   return share
+
+
+def _tower_mean_is_exact(losses, weights, reduction) -> bool:
+  """Whether the tower's own normalizer is a fixed multiple of its examples
+  and its loss weight is its share of them (nᵢ/n): then Σᵢ (nᵢ/n)·meanᵢ is
+  already the global mean, with no communication. So for a per-example mean
+  (scalar weights, or `SUM_OVER_BATCH_SIZE`) of losses shaped [examples,
+  fixed dims...]."""
+  context = context_lib.current()
+  if context is None or not context.example_shares:
+    return False
+  shape = tf.convert_to_tensor(losses).shape
+  if shape.rank is None or shape.rank == 0 or not shape[1:].is_fully_defined():
+    return False
+  if isinstance(context.examples, int) and shape[0] not in (None,
+                                                            context.examples):
+    return False
+  scalar_weights = (isinstance(weights, (int, float)) and weights != 0) or (
+      isinstance(weights, tf.Tensor) and weights.shape.rank == 0)
+  return reduction == Reduction.SUM_OVER_BATCH_SIZE or (
+      scalar_weights and reduction != Reduction.SUM)
+
+
+@contextlib.contextmanager
+def _local_means():
+  """Inside: `_safe_mean` is TensorFlow's own (the tower's mean)."""
+  patched = losses_impl._safe_mean  # pylint: disable=protected-access
+  losses_impl._safe_mean = _ORIGINAL["safe_mean"]  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    losses_impl._safe_mean = patched  # pylint: disable=protected-access
 
 
 def _install() -> None:

@@ -1,0 +1,235 @@
+"""`check_towers`: prove on your own model_fn that N towers train like one.
+
+`check_towers(model_fn, input_fn, devices)` trains the unwrapped model_fn on
+one device and `multi_gpu(model_fn, devices=...)` on the towers, from the same
+initial values on the same global batches, compares every variable both
+graphs share (weights, moving statistics, optimizer slots, `global_step`) and
+explains a mismatch: it finds per-tower gradient transforms in the graph,
+and retries with `sync_batch_norm=True` and with `loss_reduction="sum"` to
+see whether one of them makes the towers exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.util import function_utils  # pylint: disable=g-direct-tensorflow-import
+
+from estimator_multigpu import devices as devices_lib
+from estimator_multigpu import replicate
+from estimator_multigpu.build import calling
+from estimator_multigpu.build import plan as plan_lib
+from estimator_multigpu.update import clipping
+
+tf1 = tf.compat.v1
+TRAIN = tf.estimator.ModeKeys.TRAIN
+
+_COUPLED = (
+    "the loss divides by a count of the batch (valid tokens, matched "
+    "anchors, params['batch_size']) or lets examples see each other "
+    "(in-batch negatives, contrastive losses, a global top-k), so each "
+    "tower computes it on its shard alone",
+    "divide with emg.global_ratio(numerator, count) instead of '/', and "
+    "gather what examples share with emg.cross_tower_concat (README: "
+    "'Losses over the global batch')")
+_GRADIENTS = (
+    "the first-step loss agrees but the updates differ: the gradients are "
+    "changed per tower (a transform, a random op seeded per tower) before "
+    "they are applied",
+    "apply TowerOptimizer.compute_gradients' output unchanged; clip with "
+    "multi_gpu(clip_gradients_by_norm=...)")
+
+
+@dataclasses.dataclass
+class _Run:
+  """One training run: variables before and after, its first loss."""
+  initial: dict
+  final: dict
+  first_loss: float
+  transformed: list
+
+
+@dataclasses.dataclass
+class TowerCheck:
+  """What `check_towers` found.
+
+  Attributes:
+    ok: every shared variable agrees within the tolerance.
+    worst: (variable name, max abs difference), largest first; a variable
+      one device has and the towers lack counts as inf.
+    devices: the towers' devices.
+    steps: training steps compared.
+    loss_one_device, loss_towers: the first step's loss of each.
+    causes: (likely cause, fix) pairs when not `ok`.
+  """
+  ok: bool
+  worst: list
+  devices: list
+  steps: int
+  loss_one_device: float
+  loss_towers: float
+  causes: list = dataclasses.field(default_factory=list)
+
+  def __str__(self) -> str:
+    where = (f"{len(self.devices)} towers ({', '.join(self.devices)}), "
+             f"{self.steps} step{'s' if self.steps > 1 else ''}")
+    largest = ", ".join(f"{name} {diff:.2g}" for name, diff in self.worst[:3])
+    if self.ok:
+      return (f"check_towers: OK: {where}: {len(self.worst)} variables match "
+              f"one device (largest differences: {largest or 'none'}).")
+    lines = [f"check_towers: MISMATCH: {where}: the towers differ from one "
+             f"device (largest differences: {largest}); first-step loss "
+             f"{self.loss_one_device:.6g} on one device, "
+             f"{self.loss_towers:.6g} on the towers."]
+    lines += [f"Likely cause: {cause}. Fix: {fix}." for cause, fix in
+              self.causes]
+    return "\n".join(lines)
+
+
+def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
+                 devices: plan_lib.DevicesOption, steps: int = 1,
+                 params: Optional[dict] = None, *, tolerance: float = 1e-5,
+                 **multi_gpu_options) -> TowerCheck:
+  """Trains `model_fn` unwrapped and on `devices`; compares the variables.
+
+  Args:
+    model_fn: the unwrapped model_fn (TRAIN mode is built).
+    input_fn: `() -> Dataset | (features, labels)` (or taking `params`), as
+      for Estimator; called once per run, so it must yield the same batches
+      each time (seed any shuffle).
+    devices: as `multi_gpu(devices=...)`. CPU devices are virtual: the check
+      makes a session with enough of them.
+    steps: training steps to compare.
+    params: passed to the model_fn and input_fn.
+    tolerance: largest difference allowed, relative to the variable's
+      magnitude when that exceeds 1.
+    **multi_gpu_options: more `multi_gpu` options (e.g. sync_batch_norm).
+
+  Returns:
+    A `TowerCheck`; `str()` of it explains a mismatch.
+  """
+  groups = plan_lib.resolve_groups(devices) or [[devices_lib.resolve_devices(
+      None)[0]]]
+  config = _session_config([d for group in groups for d in group])
+  run = lambda fn, initial=None: _train(fn, input_fn, steps, params, config,  # noqa: E731
+                                        initial)
+  reference = run(model_fn)
+  towers = run(replicate.multi_gpu(model_fn, devices=devices,
+                                   **multi_gpu_options), reference.initial)
+  worst = _differences(reference.final, towers.final)
+  check = TowerCheck(_within(worst, reference.final, tolerance), worst,
+                     [devices_lib.short_name(g[0]) for g in groups], steps,
+                     reference.first_loss, towers.first_loss)
+  if not check.ok:
+    def exact_with(**change) -> bool:
+      retried = run(replicate.multi_gpu(
+          model_fn, devices=devices, **dict(multi_gpu_options, **change)),
+                    reference.initial)
+      return _within(_differences(reference.final, retried.final),
+                     reference.final, tolerance)
+    check.causes = _causes(reference, towers, multi_gpu_options, exact_with)
+  return check
+
+
+def _session_config(devices: list) -> tf1.ConfigProto:
+  cpus = [int(d.rsplit(":", 1)[1]) for d in devices if "CPU" in d.upper()]
+  return devices_lib.make_session_config(num_cpus=max(cpus, default=0) + 1)
+
+
+def _train(fn, input_fn, steps: int, params, config, initial) -> _Run:
+  """Trains `fn` for `steps` in a fresh graph; returns what it saw."""
+  with tf.Graph().as_default() as graph:
+    tf1.set_random_seed(0)
+    tf1.train.get_or_create_global_step()
+    features, labels = _inputs(input_fn, params)
+    spec = calling.call_model_fn(
+        fn, features, labels, TRAIN, params or {},
+        tf.estimator.RunConfig(session_config=config))
+    variables = tf1.global_variables()
+    names = [v.op.name for v in variables]
+    with tf1.train.SingularMonitoredSession(
+        hooks=list(spec.training_hooks) + list(spec.training_chief_hooks),
+        scaffold=_scaffold(spec.scaffold, variables, initial),
+        config=config) as session:
+      start = dict(zip(names, session.raw_session().run(variables)))
+      losses = [session.run([spec.loss, spec.train_op])[0]
+                for _ in range(steps)]
+      final = dict(zip(names, session.raw_session().run(variables)))
+    return _Run(start, final, float(losses[0]), sorted(set(
+        graph.get_collection(clipping.TRANSFORMED_COLLECTION))))
+
+
+def _inputs(input_fn, params) -> tuple:
+  """(features, labels) from an input_fn returning a Dataset or tensors."""
+  result = (input_fn(params=params or {})
+            if "params" in function_utils.fn_args(input_fn) else input_fn())
+  if isinstance(result, tf.data.Dataset):
+    result = tf1.data.make_one_shot_iterator(result).get_next()
+  if isinstance(result, tuple) and len(result) == 2:
+    return result
+  return result, None
+
+
+def _scaffold(scaffold, variables: list, initial: Optional[dict]):
+  """The spec's scaffold; with `initial`, the variables start from it."""
+  if initial is None:
+    return scaffold
+  user_init_fn = scaffold.init_fn if scaffold else None
+
+  def init_fn(scaffold_, session):
+    if user_init_fn is not None:
+      user_init_fn(scaffold_, session)
+    for variable in variables:  # the initializer, fed: no new ops.
+      if variable.op.name in initial:
+        session.run(variable.initializer, {
+            variable.initializer.inputs[1]: initial[variable.op.name]})
+
+  return tf1.train.Scaffold(init_fn=init_fn)
+
+
+def _differences(reference: dict, towers: dict) -> list:
+  """(name, max abs difference) for one device's variables, largest first."""
+  worst = [(name, float(np.max(np.abs(towers[name] - value), initial=0.0))
+            if name in towers else np.inf)
+           for name, value in reference.items()]
+  return sorted(worst, key=lambda pair: -pair[1])
+
+
+def _within(worst: list, reference: dict, tolerance: float) -> bool:
+  return all(diff <= tolerance * max(1.0, float(np.max(
+      np.abs(reference[name]), initial=0.0))) for name, diff in worst)
+
+
+def _causes(reference: _Run, towers: _Run, options: dict, retry) -> list:
+  """The likely causes of a mismatch, each with its fix."""
+  causes = []
+  if towers.transformed:
+    causes.append((
+        "the model_fn transforms each tower's gradients before applying "
+        f"them (clipping {', '.join(_short(towers.transformed))})",
+        "remove the clip from the model_fn and pass multi_gpu(..., "
+        "clip_gradients_by_norm=<the same norm>)"))
+  if not options.get("sync_batch_norm") and retry(sync_batch_norm=True):
+    causes.append((
+        "batch norm normalizes each tower's shard with its own statistics",
+        "pass multi_gpu(..., sync_batch_norm=True)"))
+  if (options.get("loss_reduction", "mean") == "mean" and
+      retry(loss_reduction="sum")):
+    causes.append((
+        "the loss is a sum over the tower's examples, not a mean (rule 2)",
+        "pass multi_gpu(..., loss_reduction='sum'), or divide the sum with "
+        "emg.global_ratio(total, count)"))
+  if not causes:
+    same_loss = np.isclose(reference.first_loss, towers.first_loss,
+                           rtol=1e-5, atol=1e-6)
+    causes.append(_GRADIENTS if same_loss else _COUPLED)
+  return causes
+
+
+def _short(names: list) -> list:
+  return [re.sub(r"^tower_\d+/", "", name) for name in names[:3]] + (
+      ["..."] if len(names) > 3 else [])

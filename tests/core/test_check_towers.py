@@ -1,0 +1,102 @@
+"""emg.check_towers catches every silent mismatch of a model_fn and passes
+the exact ones; str(report) names the cause and the fix."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import estimator_multigpu as emg
+
+tf1 = tf.compat.v1
+DEVICES = ["/cpu:0", "/cpu:1"]
+
+
+def input_fn():
+  rng = np.random.RandomState(0)
+  x = rng.randn(7, 3).astype(np.float32)
+  y = (rng.rand(7, 2) > 0.5).astype(np.float32)
+  return tf.data.Dataset.from_tensors((x, y)).repeat()
+
+
+def dense(x, units, name="lin"):
+  return tf1.layers.dense(x, units, name=name, kernel_initializer=(
+      tf1.glorot_uniform_initializer(seed=1)))
+
+
+def spec(mode, loss, grads_fn=None):
+  opt = emg.TowerOptimizer(tf1.train.MomentumOptimizer(0.5, 0.9))
+  if grads_fn is None:
+    train_op = opt.minimize(loss, tf1.train.get_global_step())
+  else:
+    grads, tvars = zip(*opt.compute_gradients(loss))
+    train_op = opt.apply_gradients(zip(grads_fn(list(grads)), tvars),
+                                   tf1.train.get_global_step())
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def mean_fn(features, labels, mode):
+  return spec(mode, tf1.losses.mean_squared_error(labels, dense(features, 2)))
+
+
+def summed_fn(features, labels, mode):
+  return spec(mode, tf.reduce_sum(tf.square(dense(features, 2) - labels)))
+
+
+def matches_fn(features, labels, mode):
+  """Object Detection's normalize_loss_by_num_matches, per tower."""
+  per_anchor = tf.square(dense(features, 2) - labels) * labels
+  return spec(mode, tf.reduce_sum(per_anchor) / tf.reduce_sum(labels))
+
+
+def clip_by_norm_fn(features, labels, mode):
+  loss = tf1.losses.mean_squared_error(labels, dense(features, 2))
+  return spec(mode, loss, lambda g: [tf.clip_by_norm(t, 0.01) for t in g])
+
+
+def in_batch_negatives_fn(features, labels, mode):
+  q, d = dense(features, 4, "q"), dense(labels, 4, "d")
+  logits = tf.matmul(q, d, transpose_b=True)
+  return spec(mode, tf1.losses.sparse_softmax_cross_entropy(
+      tf.range(tf.shape(q)[0]), logits))
+
+
+def keras_batch_norm_fn(features, labels, mode):
+  h = tf.keras.layers.BatchNormalization(name="bn")(
+      dense(features, 4), training=mode == "train")
+  loss = tf1.losses.mean_squared_error(labels, dense(h, 2, "out"))
+  with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+    return spec(mode, loss)
+
+
+def test_an_exact_model_fn_passes():
+  report = emg.check_towers(mean_fn, input_fn, DEVICES, steps=2)
+  assert report.ok, str(report)
+  assert {name for name, _ in report.worst} >= {"lin/kernel", "lin/bias",
+                                                "global_step"}
+  assert report.worst[0][1] <= 1e-5
+  assert str(report).startswith("check_towers: OK: 2 towers")
+
+
+@pytest.mark.parametrize("model_fn,cause,fix", [
+    (summed_fn, "a sum over the tower's examples", "loss_reduction='sum'"),
+    (matches_fn, "divides by a count of the batch", "emg.global_ratio"),
+    (clip_by_norm_fn, "transforms each tower's gradients",
+     "clip_gradients_by_norm="),
+    (in_batch_negatives_fn, "see each other", "emg.cross_tower_concat"),
+    (keras_batch_norm_fn, "batch norm normalizes each tower's shard",
+     "sync_batch_norm=True"),
+])
+def test_a_silent_mismatch_is_caught_and_explained(model_fn, cause, fix):
+  report = emg.check_towers(model_fn, input_fn, DEVICES, steps=2)
+  assert not report.ok
+  assert report.worst[0][1] > 1e-4
+  text = str(report)
+  assert text.startswith("check_towers: MISMATCH")
+  assert cause in text and fix in text, text
+
+
+def test_the_fix_it_names_makes_the_towers_exact():
+  assert emg.check_towers(summed_fn, input_fn, DEVICES, steps=2,
+                          loss_reduction="sum").ok
+  assert emg.check_towers(keras_batch_norm_fn, input_fn, DEVICES, steps=2,
+                          sync_batch_norm=True).ok
