@@ -21,7 +21,10 @@ _PUBLIC = {
     "make_session_config": "devices",
     "make_parallel": "parallel",
     "tower_devices": "build.plan",
-    "cross_tower_moments": "syncbn.moments",
+    "cross_tower_moments": "cross_tower.moments",
+    "global_ratio": "cross_tower.tools",
+    "cross_tower_sum": "cross_tower.tools",
+    "cross_tower_concat": "cross_tower.tools",
 }
 
 __all__ = sorted(_PUBLIC)

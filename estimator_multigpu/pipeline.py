@@ -23,7 +23,9 @@ from estimator_multigpu.build import precision as precision_lib
 from estimator_multigpu.build import specs as specs_lib
 from estimator_multigpu.build import splitting
 from estimator_multigpu.build import towers as towers_lib
-from estimator_multigpu.syncbn import layers as sync_batch_norm
+from estimator_multigpu.cross_tower import context
+from estimator_multigpu.cross_tower import layers as sync_batch_norm
+from estimator_multigpu.cross_tower import losses
 from estimator_multigpu.update import chain as chain_lib
 from estimator_multigpu.update import loss_scaling
 from estimator_multigpu.update import tower_optimizer
@@ -70,7 +72,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
                     for i in range(plan.num_towers)],
       tower_scopes=[empty_shards.scope_factory(split)] +
       ([precision.tower_scope] if precision else []) +
-      _sync_batch_norm_scopes(plan, mode, options))
+      _cross_tower_scopes(plan, mode, options))
   if mode != ModeKeys.TRAIN:
     spec = specs_lib.merge_specs(towers, mode)
   else:
@@ -139,12 +141,18 @@ def _check_no_parameter_servers(config) -> None:
         "in each tower. Use variable_update='shared' in a ps cluster.")
 
 
-def _sync_batch_norm_scopes(plan, mode, options: Options) -> list:
-  """Synchronized batch norm's tower scope, in TRAIN with several towers."""
-  if not options.sync_batch_norm or mode != ModeKeys.TRAIN or (
-      plan.num_towers == 1):
+def _cross_tower_scopes(plan, mode, options: Options) -> list:
+  """With several towers: the cross-tower context (`emg.cross_tower_sum`
+  &co.), `tf.compat.v1.losses` over the global batch (TRAIN, EVAL) and
+  synchronized batch norm (TRAIN, `sync_batch_norm`)."""
+  if plan.num_towers == 1:
     return []
-  return [sync_batch_norm.scope_factory(plan.devices)]
+  scopes = [context.scope_factory(plan.devices)]
+  if mode in (ModeKeys.TRAIN, ModeKeys.EVAL):
+    scopes.append(losses.loss_scope)
+  if options.sync_batch_norm and mode == ModeKeys.TRAIN:
+    scopes.append(sync_batch_norm.scope_factory(plan.devices))
+  return scopes
 
 
 def _with_ema(spec, mode, options: Options, device: Optional[str], config,

@@ -22,34 +22,104 @@ def clip_by_global_norm(grads_and_vars: list, clip_norm: float) -> list:
   return [(by_variable.get(id(v)), v) for _, v in grads_and_vars]
 
 
-_CLIP_SCOPE = "clip_by_global_norm"
+# Elementwise ops a transform of a gradient is made of; the gradient keeps
+# its variable's shape through them.
+_ELEMENTWISE = frozenset([
+    "Identity", "Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "Minimum",
+    "Maximum", "ClipByValue", "Select", "SelectV2", "Cast", "Neg",
+    "Reciprocal", "Sqrt", "Rsqrt", "Tanh", "Sign", "Abs", "Square"])
+# Clipping by value; backpropagation itself does not make these ops.
+_NONLINEAR = frozenset(["Minimum", "Maximum", "ClipByValue"])
+_SEARCH_LIMIT = 4000  # ops visited per factor before giving up (no warning).
+TRANSFORMED_COLLECTION = "estimator_multigpu_per_tower_gradient_transforms"
 _WARNED: set = set()
 
 
-def warn_if_clipped_by_global_norm(grads: list) -> bool:
-  """Warns once when a tower's gradients come from `tf.clip_by_global_norm`.
+def find_transformed(grads_and_vars: list, computed: frozenset = frozenset()
+                     ) -> list:
+  """The variables whose gradient went through a per-tower transform.
+
+  Found from the graph's structure, whatever the ops are named: walking back
+  from each gradient through elementwise ops that keep its variable's shape
+  (`_ELEMENTWISE`) reaches the gradient the model_fn computed; the walk is a
+  transform that one device would apply to the whole batch's gradient if it
+  clips by value (a min or max along the way) or scales by a factor computed
+  from gradients (a norm: `clip_by_norm`, `clip_by_global_norm`). Scaling
+  by a constant is linear, hence exact. `computed`: ids of the gradients
+  `TowerOptimizer.compute_gradients` returned, where the walk stops.
+  """
+  chains = [_chain(g, computed) for g, v in grads_and_vars if g is not None]
+  raw = set().union(*[set(chain) for chain, _ in chains]) if chains else set()
+  names = []
+  for (chain, factors), (g, v) in zip(
+      chains, [(g, v) for g, v in grads_and_vars if g is not None]):
+    del g
+    if _nonlinear(chain) or any(_reads(factor, raw) for factor in factors):
+      names.append(v.op.name)
+  return names
+
+
+def _values(grad) -> tf.Tensor:
+  return grad.values if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def _chain(grad, computed: frozenset) -> tuple:
+  """(tensors of the elementwise walk back from `grad`, the side inputs)."""
+  tensor = _values(grad)
+  shape = tensor.shape
+  chain, factors, stack = [], [], [tensor]
+  while stack:
+    current = stack.pop()
+    chain.append(current)
+    if current.op.type not in _ELEMENTWISE or id(current) in computed:
+      continue
+    for operand in current.op.inputs:
+      if operand.shape == shape and operand.shape.rank:
+        stack.append(operand)
+      else:
+        factors.append(operand)
+  return chain, factors
+
+
+def _nonlinear(chain: list) -> bool:
+  return any(t.op.type in _NONLINEAR for t in chain)
+
+
+def _reads(factor: tf.Tensor, raw: set) -> bool:
+  """Whether `factor` is computed from any tensor in `raw`."""
+  seen, stack = set(), [factor]
+  while stack and len(seen) < _SEARCH_LIMIT:
+    tensor = stack.pop()
+    if tensor in raw:
+      return True
+    if tensor.op in seen:
+      continue
+    seen.add(tensor.op)
+    stack.extend(tensor.op.inputs)
+  return False
+
+
+def warn_if_transformed(grads_and_vars: list,
+                        computed: frozenset = frozenset()) -> list:
+  """Warns once when a tower's gradients were transformed per tower.
 
   Returns:
-    Whether the gradients look clipped by global norm (an output of the ops
-    `tf.clip_by_global_norm` names after itself, as Google BERT's
-    `optimization.py` and `tf_slim.optimize_loss(clip_gradients=...)` use).
+    The names of the variables whose gradients were (also recorded in the
+    graph collection `TRANSFORMED_COLLECTION`, for `check_towers`).
   """
-  clipped = any(_CLIP_SCOPE in _producer_name(g) for g in grads
-                if g is not None)
-  if clipped and _CLIP_SCOPE not in _WARNED:
-    _WARNED.add(_CLIP_SCOPE)
+  names = find_transformed(grads_and_vars, computed)
+  for name in names:
+    tf.compat.v1.add_to_collection(TRANSFORMED_COLLECTION, name)
+  if names and "transform" not in _WARNED:
+    _WARNED.add("transform")
     logging.warning(
-        "multi_gpu: the model_fn clips its gradients by global norm "
-        "(tf.clip_by_global_norm) inside each tower, so each tower's own "
-        "gradient is clipped before the towers are combined; one device "
-        "clips the gradient of the whole batch. To clip exactly as on one "
-        "device, remove the clip from the model_fn and pass "
-        "multi_gpu(..., clip_gradients_by_norm=<the same norm>).")
-  return clipped
-
-
-
-
-def _producer_name(grad) -> str:
-  values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-  return getattr(getattr(values, "op", None), "name", "")
+        "multi_gpu: the model_fn transforms its gradients inside each tower "
+        "before applying them (%s: clip_by_global_norm, clip_by_norm, "
+        "clip_by_value or another transform that depends on the gradients' "
+        "values), so each tower's own gradient is transformed before the "
+        "towers are combined; one device transforms the gradient of the "
+        "whole batch. To clip exactly as on one device, remove the clip from "
+        "the model_fn and pass multi_gpu(..., clip_gradients_by_norm=<the "
+        "same norm>).", ", ".join(names[:3]) + (" ..." if len(names) > 3
+                                               else ""))
+  return names

@@ -100,7 +100,9 @@ class TowerOptimizer(tf1.train.Optimizer):
     with tf.control_dependencies(None):
       grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
                                                          **kwargs)
-    tower.loss_scaled_gradients.update(id(g) for g, _ in grads_and_vars)
+    tower.loss_scaled_gradients.update(
+        id(t) for g, _ in grads_and_vars if g is not None
+        for t in (g, getattr(g, "values", g)))
     return grads_and_vars
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
@@ -116,7 +118,8 @@ class TowerOptimizer(tf1.train.Optimizer):
     if precision.loss_scaling_active():
       _check_loss_scaled(tower, grads_and_vars)
     if tower.num_towers > 1:
-      clipping.warn_if_clipped_by_global_norm([g for g, _ in grads_and_vars])
+      clipping.warn_if_transformed(
+          grads_and_vars, frozenset(tower.loss_scaled_gradients))
     with _outside_control_dependencies(tower), tf.name_scope("tower_weight"):
       weighted = [(_scale(g, tower.loss_weight), v) for g, v in grads_and_vars]
     tower.optimizer_calls.append(towers_lib.OptimizerCall(

@@ -37,8 +37,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from estimator_multigpu.syncbn import collectives
-from estimator_multigpu.syncbn import moments
+from estimator_multigpu.cross_tower import collectives
+from estimator_multigpu.cross_tower import moments
 tf1 = tf.compat.v1
 _LOCK = threading.RLock()
 _DEPTH = [0]  # open scopes; the patches are installed while > 0.

@@ -22,47 +22,27 @@ these are the local moments of `x`.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import threading
 from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
-from estimator_multigpu.syncbn import collectives
+from estimator_multigpu.cross_tower import collectives
+from estimator_multigpu.cross_tower import context as context_lib
+
 tf1 = tf.compat.v1
-_STACK = threading.local()
 _ORIGINAL_FUSED_BATCH_NORM = tf1.nn.fused_batch_norm
 
 
-@dataclasses.dataclass(frozen=True)
-class TowerContext:
-  """The tower whose batch-norm layers are being built, and its group."""
-  tower_index: int
-  group: collectives.Group
-  graph: tf.Graph
-  loss_weight: Any = None  # the tower's batch share (see all_reduce_sum).
-
-  @property
-  def device(self) -> str:
-    return self.group.devices[self.tower_index]
+def current_context() -> Optional[context_lib.TowerContext]:
+  """The innermost context whose batch-norm moments are synchronized."""
+  return context_lib.current(synchronize_moments=True)
 
 
-def current_context() -> Optional[TowerContext]:
-  """The innermost `tower_context` of this thread and the default graph."""
-  graph = tf1.get_default_graph()
-  for context in reversed(getattr(_STACK, "contexts", [])):
-    if context.graph is graph:
-      return context
-  return None
-
-
-def _synchronized() -> Optional[TowerContext]:
+def _synchronized() -> Optional[context_lib.TowerContext]:
   context = current_context()
   return context if context and context.group.num_towers > 1 else None
 
 
-@contextlib.contextmanager
 def tower_context(tower_index: int, group: collectives.Group,
                   loss_weight: Any = None):
   """Makes `cross_tower_moments` inside reduce over `group`'s towers.
@@ -70,16 +50,8 @@ def tower_context(tower_index: int, group: collectives.Group,
   `loss_weight` is the tower's share of the global batch, which its
   gradients are multiplied by (`collectives.all_reduce_sum`).
   """
-  if not 0 <= tower_index < group.num_towers:
-    raise ValueError(f"`tower_index` is {tower_index}; expected one of "
-                     f"0..{group.num_towers - 1} for {group.devices}.")
-  context = TowerContext(tower_index, group, tf1.get_default_graph(),
-                         loss_weight)
-  _STACK.contexts = getattr(_STACK, "contexts", []) + [context]
-  try:
-    yield context
-  finally:
-    _STACK.contexts = [c for c in _STACK.contexts if c is not context]
+  return context_lib.tower_context(tower_index, group, loss_weight,
+                                   synchronize_moments=True)
 
 
 def cross_tower_moments(x: tf.Tensor, axes: Sequence[int],

@@ -1,0 +1,89 @@
+"""Which tower is being built, and with which group of towers.
+
+`multi_gpu` enters `tower_context` around every tower of a graph with more
+than one tower (`scope_factory`), so code inside the model_fn can talk to
+the other towers (`tools`, `moments`). Contexts are per thread and per graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from estimator_multigpu.cross_tower import collectives
+
+tf1 = tf.compat.v1
+_STACK = threading.local()
+
+
+@dataclasses.dataclass(frozen=True)
+class TowerContext:
+  """The tower being built and its group.
+
+  Attributes:
+    tower_index: the tower's position in `group.devices`.
+    group: every tower of the graph.
+    graph: the graph the tower is built in.
+    loss_weight: the tower's share of the global batch (wᵢ), which its
+      gradients are multiplied by (`collectives.all_reduce_sum`).
+    synchronize_moments: whether batch-norm moments reduce over the group
+      (`multi_gpu(sync_batch_norm=True)` in TRAIN).
+  """
+  tower_index: int
+  group: collectives.Group
+  graph: tf.Graph
+  loss_weight: Any = None
+  synchronize_moments: bool = False
+
+  @property
+  def device(self) -> str:
+    return self.group.devices[self.tower_index]
+
+
+def current(synchronize_moments: bool = False) -> Optional[TowerContext]:
+  """The innermost context of this thread and the default graph (with
+  `synchronize_moments`: the innermost that synchronizes moments)."""
+  graph = tf1.get_default_graph()
+  for context in reversed(getattr(_STACK, "contexts", [])):
+    if context.graph is graph and (context.synchronize_moments or
+                                   not synchronize_moments):
+      return context
+  return None
+
+
+@contextlib.contextmanager
+def tower_context(tower_index: int, group: collectives.Group,
+                  loss_weight: Any = None, synchronize_moments: bool = False):
+  """Makes the cross-tower operations inside reduce over `group`'s towers."""
+  if not 0 <= tower_index < group.num_towers:
+    raise ValueError(f"`tower_index` is {tower_index}; expected one of "
+                     f"0..{group.num_towers - 1} for {group.devices}.")
+  context = TowerContext(tower_index, group, tf1.get_default_graph(),
+                         loss_weight, synchronize_moments)
+  _STACK.contexts = getattr(_STACK, "contexts", []) + [context]
+  try:
+    yield context
+  finally:
+    _STACK.contexts = [c for c in _STACK.contexts if c is not context]
+
+
+def scope_factory(devices, timeout: float = collectives.TIMEOUT_SECONDS):
+  """The `towers.build_towers` scope factory for towers on `devices`.
+
+  After the last tower, checks that every tower built the same all-reduces
+  (`collectives.check_complete`): a mismatch would hang the first step.
+  """
+  group = collectives.Group(tuple(devices), timeout)
+
+  @contextlib.contextmanager
+  def scope(tower):
+    with tower_context(tower.index, group, tower.loss_weight):
+      yield
+    if tower.index == group.num_towers - 1:
+      collectives.check_complete()
+
+  return scope
