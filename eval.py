@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from absl import flags
 from absl import logging
@@ -34,30 +34,20 @@ import tqdm
 
 import estimator_multigpu as emg
 from estimator_multigpu.runtime import evaluation
-from cli import checkpoint_flags
 import classifier
-from cli import common_flags
-from cli import ema_flags
-from cli import data_flags
+from cli import checkpoints
 from cli import errors
+from cli import flags as cli_flags
 from cli import model_dir_check
+from cli import run_setup
+from cli import settings as settings_lib
 import datasets
-from cli import validators
 
 FLAGS = flags.FLAGS
 tf1 = tf.compat.v1
-
-flags.DEFINE_bool("once", False, "Evaluate the latest checkpoint and exit.")
-flags.DEFINE_integer("timeout_secs", 600, "Stop after this long without a "
-                     "new checkpoint.")
-flags.DEFINE_alias("eval_split", "dataset_split_name")  # its earlier name.
-flags.DEFINE_integer("max_num_batches", None, "Evaluate at most this many "
-                     "batches of --batch_size (default: the whole split).")
-flags.register_validator(
-    "max_num_batches", lambda value: value is None or value > 0,
-    message="expected a number of batches > 0; omit --max_num_batches to "
-    "evaluate the whole split.")
-validators.register()
+FLAG_GROUPS = (cli_flags.shared, cli_flags.weights, cli_flags.evaluation)
+cli_flags.define(*FLAG_GROUPS)
+Settings = settings_lib.EvalSettings
 
 
 class ProgressBarHook(tf1.train.SessionRunHook):
@@ -84,17 +74,18 @@ class ProgressBarHook(tf1.train.SessionRunHook):
     self._bar.close()
 
 
-checkpoint_has_ema = ema_flags.checkpoint_has_ema
+checkpoint_has_ema = checkpoints.checkpoint_has_ema
 
 
 def num_eval_batches(dataset_name: str, split: str,
                      batch_size: int) -> Optional[int]:
+  """The batches of a digits split (None: other data, counted as read)."""
   if dataset_name != "digits":
     return None
   return math.ceil(len(datasets.load_digits_split(split)[1]) / batch_size)
 
 
-def build_estimator(towers: common_flags.Towers,
+def build_estimator(towers: run_setup.Towers,
                     config: classifier.ClassifierConfig, model_dir: str,
                     use_ema: bool) -> tf.estimator.Estimator:
   """The classifier on the towers; EMA weights loaded when `use_ema`."""
@@ -128,56 +119,87 @@ def checkpoint_and_model_dir(checkpoint_path: Optional[str], model_dir: str,
   """
   if not checkpoint_path:
     return None, model_dir
-  checkpoint = checkpoint_flags.resolve_checkpoint(checkpoint_path)
+  checkpoint = checkpoints.resolve_checkpoint(checkpoint_path)
   if not model_dir_given:
     model_dir = os.path.dirname(checkpoint) or "."
   return checkpoint, model_dir
 
 
-def eval_input_fn(setup: common_flags.ModelSetup, split: str,
+def eval_input_fn(setup: run_setup.ModelSetup, split: str,
                   batch_size: int):
+  """`split` of `setup`'s data, once, in order, resized as in training."""
   return datasets.make_input_fn(
       setup.dataset_name, split, batch_size, image_size=setup.image_size,
       data_dir=setup.dataset_dir, num_classes=setup.num_classes,
       labels_offset=setup.labels_offset, is_training=False)
 
 
-def main(argv):
-  del argv
-  script_logging.configure(FLAGS.verbosity)
-  towers = common_flags.towers_from_flags()
+class Evaluation(NamedTuple):
+  """What eval.py evaluates: where, which model, on which input."""
+  towers: run_setup.Towers
+  model_dir: str
+  checkpoint: Optional[str]
+  config: classifier.ClassifierConfig
+  max_steps: int
+  input_fn: object
+  total_batches: Optional[int]
+
+
+def plan(settings: Settings) -> Evaluation:
+  """Resolves the settings: towers, checkpoint, model_dir, model, input."""
+  ev, data = settings.evaluation, settings.data
+  towers = run_setup.towers(settings.towers)
   checkpoint, model_dir = checkpoint_and_model_dir(
-      FLAGS.checkpoint_path, FLAGS.model_dir, FLAGS["model_dir"].present)
-  setup = common_flags.model_setup(model_dir)
+      ev.checkpoint_path, ev.model_dir, "model_dir" in ev.given)
+  setup = run_setup.model_setup(model_dir, settings.model, data)
   if setup.record is None:
     logging.warning("--model_dir=%s has no run_config.json (train.py writes "
                     "it); using the model and data flags.", model_dir)
-  config = setup.classifier_config()
-  max_steps = common_flags.recorded_max_steps(setup.record)
-  split = data_flags.split_name(data_flags.EVAL_SPLIT)
-  input_fn = eval_input_fn(setup, split, FLAGS.batch_size)
-  total = num_eval_batches(setup.dataset_name, split, FLAGS.batch_size)
+  split = run_setup.split_name(data, run_setup.EVAL_SPLIT)
+  return Evaluation(
+      towers, model_dir, checkpoint, setup.classifier_config(),
+      run_setup.recorded_max_steps(setup.record, ev.max_steps,
+                                   "max_steps" in ev.given),
+      eval_input_fn(setup, split, data.batch_size),
+      num_eval_batches(setup.dataset_name, split, data.batch_size))
 
-  def evaluate_checkpoint(checkpoint: str) -> dict:
-    use_ema = FLAGS.use_ema_weights and checkpoint_has_ema(checkpoint)
-    logging.info("Evaluating %s (%s weights)", checkpoint,
-                 "moving-average" if use_ema else "raw")
-    estimator = build_estimator(towers, config, model_dir, use_ema)
-    return evaluate(estimator, input_fn, checkpoint, total,
-                    FLAGS.max_num_batches)
 
+def evaluate_checkpoint(settings: Settings, planned: Evaluation,
+                        checkpoint: str) -> dict:
+  """The metrics of one checkpoint, with its moving averages if it has
+  them (and `use_ema_weights`)."""
+  use_ema = (settings.evaluation.use_ema_weights and
+             checkpoint_has_ema(checkpoint))
+  logging.info("Evaluating %s (%s weights)", checkpoint,
+               "moving-average" if use_ema else "raw")
+  estimator = build_estimator(planned.towers, planned.config,
+                              planned.model_dir, use_ema)
+  return evaluate(estimator, planned.input_fn, checkpoint,
+                  planned.total_batches, settings.evaluation.max_num_batches)
+
+
+def run(settings: Settings) -> dict:
+  """Checks the model_dir fits, then evaluates: the checkpoint given, else
+  each new one; returns the last metrics."""
+  planned, ev = plan(settings), settings.evaluation
   model_dir_check.check_estimator(
-      build_estimator(model_dir_check.one_tower(towers), config, model_dir,
-                      use_ema=False),
-      model_dir_check.input_specs(input_fn), config.num_classes,
-      tf.estimator.ModeKeys.EVAL, checkpoint)
-  if checkpoint:
-    metrics = evaluate_checkpoint(checkpoint)
-  else:
-    metrics = evaluation.evaluate_checkpoints(
-        evaluate_checkpoint, model_dir, max_steps,
-        FLAGS.timeout_secs, once=FLAGS.once, require_max_steps=False)
-  print(evaluation.format_metrics(metrics))
+      build_estimator(model_dir_check.one_tower(planned.towers),
+                      planned.config, planned.model_dir, use_ema=False),
+      model_dir_check.input_specs(planned.input_fn),
+      planned.config.num_classes, tf.estimator.ModeKeys.EVAL,
+      planned.checkpoint)
+  if planned.checkpoint:
+    return evaluate_checkpoint(settings, planned, planned.checkpoint)
+  return evaluation.evaluate_checkpoints(
+      lambda path: evaluate_checkpoint(settings, planned, path),
+      planned.model_dir, planned.max_steps, ev.timeout_secs, once=ev.once,
+      require_max_steps=False)
+
+
+def main(argv):
+  del argv
+  script_logging.configure(FLAGS.verbosity)
+  print(evaluation.format_metrics(run(cli_flags.read(Settings))))
 
 
 if __name__ == "__main__":

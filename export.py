@@ -37,22 +37,20 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 
-from cli import checkpoint_flags
 import classifier
-from cli import common_flags
-from cli import ema_flags
+from cli import checkpoints
 from cli import errors
+from cli import flags as cli_flags
 from cli import model_dir_check
+from cli import run_setup
+from cli import settings as settings_lib
 import datasets
 import serving
-from cli import validators
 
 FLAGS = flags.FLAGS
-
-flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (a "
-                    "numbered subdirectory is created).")
-# --checkpoint_path: cli/checkpoint_flags.py (shared with train.py, eval.py).
-validators.register()
+FLAG_GROUPS = (cli_flags.shared, cli_flags.weights, cli_flags.export)
+cli_flags.define(*FLAG_GROUPS)
+Settings = settings_lib.ExportSettings
 
 
 def serving_specs(image_size: int, preprocessing: dict) -> tuple:
@@ -77,7 +75,7 @@ def latest_checkpoint(model_dir: str, flag_value: Optional[str]) -> str:
     FileNotFoundError: there is none, or --checkpoint_path names none.
   """
   if flag_value:
-    return checkpoint_flags.resolve_checkpoint(flag_value)
+    return checkpoints.resolve_checkpoint(flag_value)
   checkpoint = tf.train.latest_checkpoint(model_dir)
   if checkpoint is None:
     raise FileNotFoundError(
@@ -86,13 +84,13 @@ def latest_checkpoint(model_dir: str, flag_value: Optional[str]) -> str:
   return checkpoint
 
 
-def export(model_dir: str, export_dir: str,
-           checkpoint_path: Optional[str] = None,
-           use_ema_weights: bool = True) -> str:
+def export(settings: Settings) -> str:
   """Exports the model_dir's classifier; returns the SavedModel's path."""
-  setup = common_flags.model_setup(model_dir)
-  checkpoint = latest_checkpoint(model_dir, checkpoint_path)
-  use_ema = use_ema_weights and ema_flags.checkpoint_has_ema(checkpoint)
+  model_dir = settings.model_dir
+  setup = run_setup.model_setup(model_dir, settings.model, settings.data)
+  checkpoint = latest_checkpoint(model_dir, settings.checkpoint_path)
+  use_ema = settings.use_ema_weights and checkpoints.checkpoint_has_ema(
+      checkpoint)
   preprocessing = ((setup.record.preprocessing if setup.record else None)
                    or datasets.preprocessing(setup.dataset_name))
   logging.info("Exporting %s (%s weights; %s, %d classes, %dx%d input, "
@@ -105,7 +103,8 @@ def export(model_dir: str, export_dir: str,
       setup.image_size, preprocessing), setup.num_classes,
                                   tf.estimator.ModeKeys.PREDICT, checkpoint)
   path = estimator.export_saved_model(
-      export_dir, serving.receiver_fn(setup.image_size, preprocessing),
+      settings.export_dir, serving.receiver_fn(setup.image_size,
+                                               preprocessing),
       checkpoint_path=checkpoint)
   return path.decode() if isinstance(path, bytes) else path
 
@@ -113,11 +112,11 @@ def export(model_dir: str, export_dir: str,
 def main(argv):
   del argv
   script_logging.configure(FLAGS.verbosity)
-  if not FLAGS.export_dir:
+  settings = cli_flags.read(Settings)
+  if not settings.export_dir:
     raise app.UsageError("--export_dir is required: where to write the "
                          "SavedModel, e.g. --export_dir=exports/digits.")
-  print(export(FLAGS.model_dir, FLAGS.export_dir, FLAGS.checkpoint_path,
-               FLAGS.use_ema_weights))
+  print(export(settings))
 
 
 if __name__ == "__main__":

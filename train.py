@@ -28,8 +28,9 @@ TensorFlow's own lines too.
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from absl import flags
 from absl import logging
@@ -49,83 +50,51 @@ from estimator_multigpu.cluster import job_control
 
 import classifier
 import datasets
-from cli import cluster_flags
-from cli import common_flags
+from cli import checkpoints
+from cli import cluster_task
 from cli import errors
 from cli import fine_tuning
+from cli import flags as cli_flags
 from cli import model_dir_check
-from cli import model_dir_flags
-from cli import optimization_flags
+from cli import optimization_checks
 from cli import run_checks
 from cli import run_record
-from cli import train_data_flags
-from cli import validators
+from cli import run_setup
+from cli import settings as settings_lib
 
 FLAGS = flags.FLAGS
-
-flags.DEFINE_enum("optimizer", "momentum", list(classifier.OPTIMIZERS),
-                  "Optimizer.")
-flags.DEFINE_float("learning_rate", 0.05, "Initial learning rate.")
-flags.DEFINE_float("momentum", 0.9, "Momentum (--optimizer=momentum; "
-                   "rmsprop's is --rmsprop_momentum).")
-flags.DEFINE_enum("learning_rate_decay_type", "cosine",
-                  list(classifier.DECAY_TYPES), "Learning-rate schedule.")
-flags.DEFINE_integer("decay_steps", None, "Steps of one decay period "
-                     "(default: --max_steps minus warm-up).")
-flags.DEFINE_float("end_learning_rate", 0.0, "Final rate (polynomial, "
-                   "cosine).")
-flags.DEFINE_integer("warmup_steps", 50, "Linear warm-up steps.")
-flags.DEFINE_float("weight_decay", 1e-4, "L2 weight decay.")
-flags.DEFINE_float("label_smoothing", 0.0, "Label smoothing.")
-flags.DEFINE_integer("log_every_n_steps", None, "Progress line every N "
-                     "steps (default: a tenth of --max_steps, at most 100).")
-flags.DEFINE_float("clip_gradients_by_norm", None, "Clip the combined "
-                   "gradient to this global norm.")
-flags.DEFINE_enum("variable_update", "shared", ["shared", "replicated"],
-                  "shared: one copy of the variables on the aggregation "
-                  "device (tf_cnn_benchmarks parameter_server); replicated: "
-                  "a copy per tower and all-reduced gradients "
-                  "(tf_cnn_benchmarks replicated).")
-flags.DEFINE_integer("accumulate_steps", 1, "Apply one update per K input "
-                     "batches (gradient accumulation); the effective batch "
-                     "is K x --batch_size and global_step counts updates.")
-flags.DEFINE_enum("mixed_precision", None, ["bfloat16", "float16"],
-                  "Compute in the towers in this precision (float32 master "
-                  "weights; float16 with dynamic loss scaling).")
-flags.DEFINE_bool("sync_batch_norm", False, "Batch norm over the global "
-                  "batch: the towers all-reduce their moments, so N towers "
-                  "train batch-norm nets (resnet_*, inception_*) exactly "
-                  "like one device. Eval, predict and export are unchanged.")
-flags.DEFINE_bool("scaling_report", True, "Warn when the run is "
-                  "input-bound; its per-window report (input wait) shows "
-                  "with --verbosity=1.")
-optimization_flags.register_validators()
-validators.register(data_flags=True)
+FLAG_GROUPS = (cli_flags.shared, cli_flags.training, cli_flags.fine_tuning,
+               cli_flags.cluster)
+cli_flags.define(*FLAG_GROUPS, data_checks=True)
+Settings = settings_lib.TrainSettings
 
 
-def classifier_config(num_classes: int, sync_replicas: int = 0,
+def classifier_config(settings: Settings, num_classes: int,
+                      sync_replicas: int = 0,
                       model_name: Optional[str] = None,
-                      setup: Optional[common_flags.ModelSetup] = None
+                      setup: Optional[run_setup.ModelSetup] = None
                       ) -> classifier.ClassifierConfig:
-  """The model_fn's configuration from the flags (`model_name`: the net,
-  default --model_name; `setup`: the data, default the data flags)."""
-  decay_steps = FLAGS.decay_steps or max(FLAGS.max_steps - FLAGS.warmup_steps,
-                                         1)
-  settings = optimization_flags.classifier_settings(
-      lambda: train_data_flags.epoch_size(setup),
-      FLAGS.batch_size * FLAGS.accumulate_steps * max(sync_replicas, 1))
+  """The model_fn's configuration (`model_name`: the net, default the
+  settings'; `setup`: the data, default the settings')."""
+  opt = settings.optimization
+  decay_steps = opt.decay_steps or max(opt.max_steps - opt.warmup_steps, 1)
+  slim = optimization_checks.classifier_settings(
+      opt, settings.optimizer,
+      lambda: run_setup.epoch_size(settings.data, setup),
+      settings.data.batch_size * settings.multi_gpu.accumulate_steps *
+      max(sync_replicas, 1))
   return classifier.ClassifierConfig(
-      model_name=model_name or FLAGS.model_name, num_classes=num_classes,
-      weight_decay=FLAGS.weight_decay, label_smoothing=FLAGS.label_smoothing,
-      optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate,
-      momentum=FLAGS.momentum,
-      learning_rate_decay_type=FLAGS.learning_rate_decay_type,
-      end_learning_rate=FLAGS.end_learning_rate,
-      warmup_steps=FLAGS.warmup_steps, sync_replicas=sync_replicas,
-      **{"decay_steps": decay_steps, **settings})
+      model_name=model_name or settings.model.model_name,
+      num_classes=num_classes, weight_decay=opt.weight_decay,
+      label_smoothing=opt.label_smoothing, optimizer=opt.optimizer,
+      learning_rate=opt.learning_rate, momentum=opt.momentum,
+      learning_rate_decay_type=opt.learning_rate_decay_type,
+      end_learning_rate=opt.end_learning_rate,
+      warmup_steps=opt.warmup_steps, sync_replicas=sync_replicas,
+      **{"decay_steps": decay_steps, **slim})
 
 
-def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
+def build_model_fn(towers: run_setup.Towers, ema_decay, clip_norm,
                    global_batch_size: int, max_steps: int,
                    log_every_n_steps: int, model_dir: Optional[str],
                    trainers: int = 1, sync_replicas: bool = False,
@@ -170,7 +139,7 @@ def build_model_fn(towers: common_flags.Towers, ema_decay, clip_norm,
 
 
 def build_estimator(model_fn, config: classifier.ClassifierConfig,
-                    towers: common_flags.Towers, model_dir: str,
+                    towers: run_setup.Towers, model_dir: str,
                     save_checkpoints_steps: Optional[int],
                     save_summary_steps: int, random_seed: int,
                     save_checkpoints_secs: Optional[int] = None,
@@ -187,21 +156,18 @@ def build_estimator(model_fn, config: classifier.ClassifierConfig,
                                 warm_start_from=warm_start_from)
 
 
-def train_input_fn(image_size: int, num_classes: int, trainer: int = 0,
-                   dataset_name: Optional[str] = None,
-                   dataset_dir: Optional[str] = None, split: str = "train",
-                   preprocessing_name: str = "resize", labels_offset: int = 0):
-  """The training input; trainer k of a cluster shuffles with seed + k.
-
-  `dataset_name` and `dataset_dir` default to the flags; the rest is
-  `train_data_flags.train_data`'s.
-  """
+def train_input_fn(settings: Settings, setup: run_setup.ModelSetup,
+                   trainer: int = 0):
+  """The training input of `setup`'s data: the split, augmentation and
+  labels offset of `run_setup.train_data`; trainer k of a cluster shuffles
+  with random_seed + k."""
+  data = run_setup.train_data(settings.data, setup)
   return datasets.make_input_fn(
-      dataset_name or FLAGS.dataset_name, split, FLAGS.batch_size,
-      image_size=image_size, data_dir=dataset_dir or FLAGS.dataset_dir,
-      num_classes=num_classes, seed=FLAGS.random_seed + trainer,
-      is_training=True, preprocessing_name=preprocessing_name,
-      labels_offset=labels_offset)
+      setup.dataset_name, data["split"], settings.data.batch_size,
+      image_size=setup.image_size, data_dir=setup.dataset_dir,
+      num_classes=setup.num_classes, seed=settings.run.random_seed + trainer,
+      is_training=True, preprocessing_name=data["preprocessing_name"],
+      labels_offset=data["labels_offset"])
 
 
 def log_every_n_steps(flag_value: Optional[int], max_steps: int) -> int:
@@ -211,125 +177,167 @@ def log_every_n_steps(flag_value: Optional[int], max_steps: int) -> int:
   return max(1, min(100, max_steps // 10))
 
 
-def make_estimator(task: Optional[cluster.Task], towers: common_flags.Towers,
+def make_estimator(settings: Settings, task: Optional[cluster.Task],
+                   towers: run_setup.Towers,
                    config: classifier.ClassifierConfig, schedule: tuple,
                    warm_start_from=None) -> tf.estimator.Estimator:
   """The classifier Estimator for this task (summaries: chief/local only)."""
-  summary_dir = FLAGS.model_dir if task is None or task.is_chief else None
-  model_fn = build_model_fn(towers, FLAGS.moving_average_decay,
-                            FLAGS.clip_gradients_by_norm, FLAGS.batch_size,
-                            FLAGS.max_steps,
-                            log_every_n_steps(FLAGS.log_every_n_steps,
-                                              FLAGS.max_steps),
-                            summary_dir, len(task.trainers) if task else 1,
-                            FLAGS.sync_replicas, FLAGS.scaling_report,
-                            variable_update=FLAGS.variable_update,
-                            sync_batch_norm=FLAGS.sync_batch_norm,
-                            accumulate_steps=FLAGS.accumulate_steps,
-                            mixed_precision=FLAGS.mixed_precision)
+  run, wrap = settings.run, settings.multi_gpu
+  max_steps = settings.optimization.max_steps
+  model_fn = build_model_fn(
+      towers, wrap.moving_average_decay, wrap.clip_gradients_by_norm,
+      settings.data.batch_size, max_steps,
+      log_every_n_steps(run.log_every_n_steps, max_steps),
+      run.model_dir if task is None or task.is_chief else None,
+      len(task.trainers) if task else 1, settings.cluster.sync_replicas,
+      run.scaling_report, variable_update=wrap.variable_update,
+      sync_batch_norm=wrap.sync_batch_norm,
+      accumulate_steps=wrap.accumulate_steps,
+      mixed_precision=wrap.mixed_precision)
   steps, secs = schedule
-  return build_estimator(model_fn, config, towers, FLAGS.model_dir, steps,
-                         FLAGS.save_summary_steps, FLAGS.random_seed, secs,
+  return build_estimator(model_fn, config, towers, run.model_dir, steps,
+                         run.save_summary_steps, run.random_seed, secs,
                          warm_start_from)
 
 
-def train(estimator: tf.estimator.Estimator, task: Optional[cluster.Task],
-          towers: common_flags.Towers, input_fn,
-          setup: Optional[common_flags.ModelSetup] = None) -> Optional[int]:
+def train(settings: Settings, estimator: tf.estimator.Estimator,
+          task: Optional[cluster.Task], towers: run_setup.Towers, input_fn,
+          setup: run_setup.ModelSetup) -> Optional[int]:
   """Trains here or as a cluster trainer; returns the stopping signal."""
+  model_dir, max_steps = settings.run.model_dir, settings.optimization.max_steps
   logging.info("Training %s on %s: global batch %d over %d towers to step "
-               "%d -> %s", setup.model_name if setup else FLAGS.model_name,
-               setup.dataset_name if setup else FLAGS.dataset_name,
-               FLAGS.batch_size, len(towers.devices), FLAGS.max_steps,
-               FLAGS.model_dir)
+               "%d -> %s", setup.model_name, setup.dataset_name,
+               settings.data.batch_size, len(towers.devices), max_steps,
+               model_dir)
   on_blocked = None if task is None else (
       lambda number, secs: job_control.abandon(task, number, secs))
-  with hooks.SignalStop(blocked_secs=FLAGS.stop_grace_secs,
+  with hooks.SignalStop(blocked_secs=settings.run.stop_grace_secs,
                         on_blocked=on_blocked) as stop:
     def train_with(extra_hooks):
       estimator.train(
-          input_fn, max_steps=FLAGS.max_steps,
-          hooks=[hooks.NonFiniteLossHook(FLAGS.model_dir), stop.hook(),
+          input_fn, max_steps=max_steps,
+          hooks=[hooks.NonFiniteLossHook(model_dir), stop.hook(),
                  *extra_hooks],
-          saving_listeners=[hooks.FiniteCheckpointListener(FLAGS.model_dir)])
+          saving_listeners=[hooks.FiniteCheckpointListener(model_dir)])
     if task is None:
       train_with([])
     else:
       job_control.run_trainer(task, train_with,
-                              sync_replicas=FLAGS.sync_replicas,
+                              sync_replicas=settings.cluster.sync_replicas,
                               base_config=towers.session_config,
-                              ps_wait_secs=FLAGS.ps_wait_secs,
+                              ps_wait_secs=settings.cluster.ps_wait_secs,
                               stop_requested=lambda: stop.received is not None)
   return stop.received
 
 
-def evaluate(estimator: tf.estimator.Estimator,
-             setup: common_flags.ModelSetup) -> None:
+def evaluate(settings: Settings, estimator: tf.estimator.Estimator,
+             setup: run_setup.ModelSetup) -> None:
   """The evaluator task: each new checkpoint of the chief, to max_steps."""
   input_fn = datasets.make_input_fn(
-      setup.dataset_name, "eval", FLAGS.batch_size,
+      setup.dataset_name, "eval", settings.data.batch_size,
       image_size=setup.image_size, data_dir=setup.dataset_dir,
       num_classes=setup.num_classes, labels_offset=setup.labels_offset)
   metrics = evaluation.evaluate_checkpoints(
       lambda path: estimator.evaluate(input_fn, checkpoint_path=path),
-      estimator.model_dir, FLAGS.max_steps, FLAGS.eval_timeout_secs)
+      estimator.model_dir, settings.optimization.max_steps,
+      settings.cluster.eval_timeout_secs)
   print(evaluation.format_metrics(metrics))
 
 
-def run(task: Optional[cluster.Task]) -> int:
+class Plan(NamedTuple):
+  """What `run` trains: the checked pieces, in the order they are built."""
+  towers: run_setup.Towers
+  setup: run_setup.ModelSetup
+  config: classifier.ClassifierConfig
+  schedule: tuple
+  input_fn: object
+  warm_start: Optional[tf.estimator.WarmStartSettings]
+
+
+def plan(task: Optional[cluster.Task], settings: Settings) -> Plan:
+  """Resolves the settings for this task; a mistake raises here, before
+  anything is written but the model dir's checks."""
+  run = settings.run
+  towers = run_setup.towers(settings.towers)
+  setup = run_setup.model_setup(run.model_dir, settings.model, settings.data)
+  config = classifier_config(settings, setup.num_classes,
+                             cluster_task.replicas_to_aggregate(
+                                 task, settings.cluster.sync_replicas),
+                             setup.model_name, setup)
+  schedule = checkpoints.checkpoint_schedule(
+      run.save_checkpoints_steps, run.save_checkpoints_secs,
+      "save_checkpoints_steps" in run.given)
+  towers = cluster_task.prepare_task(task, towers, run.model_dir,
+                                     run.min_free_disk_mb)
+  input_fn = train_input_fn(settings, setup, cluster_task.trainer_number(task))
+  config, warm_start = fine_tuning.apply(
+      settings.fine_tuning, config, setup.record, run.model_dir, input_fn,
+      averaged=bool(settings.multi_gpu.moving_average_decay))
+  return Plan(towers, setup, config, schedule, input_fn, warm_start)
+
+
+def check_and_record(task: Optional[cluster.Task], settings: Settings,
+                     planned: Plan) -> None:
+  """The chief's (or a local run's) checks of the model_dir, then its
+  run_config.json."""
+  if task is not None and not task.is_chief:
+    return
+  one_tower = model_dir_check.one_tower(planned.towers)
+  model_dir_check.check_estimator(
+      make_estimator(settings, task, one_tower, planned.config,
+                     planned.schedule),
+      model_dir_check.input_specs(planned.input_fn), planned.setup.num_classes)
+  run_record.record_run(planned.setup, planned.config, planned.towers,
+                        settings)
+
+
+def run(task: Optional[cluster.Task], settings: Settings) -> int:
   """Runs this process's part of the job; returns its exit status."""
   if task is not None and task.type == cluster.PS:
-    job_control.serve_ps(task, FLAGS.ps_linger_secs)
+    job_control.serve_ps(task, settings.cluster.ps_linger_secs)
     return 0
-  towers = common_flags.towers_from_flags()
-  setup = common_flags.model_setup(FLAGS.model_dir)
-  config = classifier_config(setup.num_classes, cluster_flags.replicas_to_aggregate(task),
-                             setup.model_name, setup)
-  schedule = model_dir_flags.checkpoint_schedule(FLAGS.save_checkpoints_steps,
-                                 FLAGS.save_checkpoints_secs,
-                                 FLAGS["save_checkpoints_steps"].present)
-  towers = cluster_flags.prepare_task(task, towers)
-  input_fn = train_input_fn(setup.image_size, setup.num_classes,
-                            cluster_flags.trainer_number(task), setup.dataset_name,
-                            setup.dataset_dir,
-                            **train_data_flags.train_data(setup))
-  config, warm_start = fine_tuning.from_flags(config, setup.record,
-                                              FLAGS.model_dir, input_fn)
-  if task is None or task.is_chief:
-    model_dir_check.check_estimator(make_estimator(
-        task, model_dir_check.one_tower(towers), config, schedule),
-        model_dir_check.input_specs(input_fn), setup.num_classes)
-    run_record.record_run(setup, config, towers, FLAGS.model_dir)
-  estimator = make_estimator(task, towers, config, schedule, warm_start)
+  planned = plan(task, settings)
+  check_and_record(task, settings, planned)
+  estimator = make_estimator(settings, task, planned.towers, planned.config,
+                             planned.schedule, planned.warm_start)
   if task is not None and task.type == cluster.EVALUATOR:
-    evaluate(estimator, setup)
+    evaluate(settings, estimator, planned.setup)
     return 0
-  received = train(estimator, task, towers, input_fn, setup)
+  received = train(settings, estimator, task, planned.towers,
+                   planned.input_fn, planned.setup)
+  return finish(task, settings, estimator, received)
+
+
+def finish(task: Optional[cluster.Task], settings: Settings,
+           estimator: tf.estimator.Estimator, received: Optional[int]) -> int:
+  """The last line of a trainer, and its exit status (128 + signal)."""
   if received is None:
-    log_done(task)
+    log_done(task, settings)
     return 0
   step = (estimator.get_variable_value("global_step")
           if task is None or task.is_chief else "?")
   logging.warning("Stopped by signal %d at step %s; checkpoint saved in %s",
-                  received, step, FLAGS.model_dir)
+                  received, step, settings.run.model_dir)
   return 128 + received
 
 
-def log_done(task: Optional[cluster.Task]) -> None:
+def log_done(task: Optional[cluster.Task], settings: Settings) -> None:
   """The last line of a finished trainer; the chief's says what is next."""
   if task is not None and not task.is_chief:
     logging.info("Training done (%s).", task.device)
     return
+  model_dir = settings.run.model_dir
   logging.info("Training done: step %d in %s. Next: python eval.py "
                "--model_dir=%s (or export.py --model_dir=%s "
-               "--export_dir=...)", FLAGS.max_steps, FLAGS.model_dir,
-               FLAGS.model_dir, FLAGS.model_dir)
+               "--export_dir=...)", settings.optimization.max_steps,
+               model_dir, model_dir, model_dir)
 
 
-def run_cluster_task(task: cluster.Task) -> int:
-  """`run(task)`; an error is one line (cli/errors.py) and its status."""
+def run_cluster_task(task: cluster.Task, settings: Settings) -> int:
+  """`run(task, settings)`; an error is one line (cli/errors.py) and its
+  status."""
   try:
-    return run(task)
+    return run(task, settings)
   except Exception as error:  # pylint: disable=broad-except
     return errors.report(error, sys.argv, task.device)
 
@@ -337,10 +345,12 @@ def run_cluster_task(task: cluster.Task) -> int:
 def main(argv):
   del argv
   script_logging.configure(FLAGS.verbosity)
-  task = cluster_flags.cluster_task()
+  settings = cli_flags.read(Settings)
+  task = cluster_task.cluster_task(settings.cluster,
+                                   os.environ.get("TF_CONFIG"))
   if task is None:
-    sys.exit(run(None))
-  cluster.exit_process(run_cluster_task(task))
+    sys.exit(run(None, settings))
+  cluster.exit_process(run_cluster_task(task, settings))
 
 
 if __name__ == "__main__":

@@ -1,2 +1,3 @@
-"""What train.py, eval.py and export.py share: flags, the model dir's record,
-run checks, quiet logs and grouped --help (the library defines no flags)."""
+"""What train.py, eval.py and export.py share: their flags and settings,
+the model dir's record, run checks, quiet logs and grouped --help (the
+library defines no flags)."""

@@ -3,7 +3,7 @@
     python train.py --model_dir=runs/new --checkpoint_path=runs/digits \\
         --checkpoint_exclude_scopes=LeNet/fc4 --trainable_scopes=LeNet/fc4
 
-- `--checkpoint_path` (cli/checkpoint_flags.py): a checkpoint, or a
+- `--checkpoint_path`: a checkpoint, or a
   directory whose latest checkpoint is used. It initializes the net only
   when `--model_dir` has no checkpoint yet; a resume ignores it (INFO line).
 - `--checkpoint_exclude_scopes`: variables whose name starts with one of
@@ -33,7 +33,6 @@ import dataclasses
 import re
 from typing import Callable, Optional, Sequence
 
-from absl import flags
 from absl import logging
 import tensorflow as tf
 
@@ -41,27 +40,14 @@ from estimator_multigpu.build import ema
 from estimator_multigpu import slim_compat
 
 import classifier
-from cli import checkpoint_flags
+from cli import checkpoints
 from cli import run_config
+from cli import settings as settings_lib
 import nets
 
-FLAGS = flags.FLAGS
 tf1 = tf.compat.v1
 SHOWN = 8  # variable names listed in a message, at most.
 EMA_SUFFIX = "ExponentialMovingAverage"  # a shadow's name: `w/` + this.
-
-flags.DEFINE_list("checkpoint_exclude_scopes", None, "Comma-separated "
-                  "scopes of variables not restored from --checkpoint_path "
-                  "(a variable is excluded when its name starts with one), "
-                  "e.g. the logits: LeNet/fc4.")
-flags.DEFINE_list("trainable_scopes", None, "Comma-separated scopes: only "
-                  "variables whose name matches one train, the others stay "
-                  "frozen (default: all train), e.g. LeNet/fc4. A resume "
-                  "keeps the recorded scopes; --trainable_scopes= trains all.")
-flags.DEFINE_bool("ignore_missing_vars", False, "Variables --checkpoint_path "
-                  "lacks keep their initial values (listed in the log) "
-                  "instead of being an error.")
-
 
 @dataclasses.dataclass(frozen=True)
 class NetVariable:
@@ -235,39 +221,43 @@ def warm_start_settings(checkpoint: str, names: Sequence[str],
       var_name_to_prev_var_name=renames)
 
 
-def _check_needs_checkpoint_path() -> None:
-  """Raises when a restore flag is given without --checkpoint_path."""
+def _check_needs_checkpoint_path(
+    settings: settings_lib.FineTuningSettings) -> None:
+  """Raises when a restore setting is given without a checkpoint_path."""
   for name in ("checkpoint_exclude_scopes", "ignore_missing_vars"):
-    if FLAGS[name].value and not FLAGS.checkpoint_path:
+    if getattr(settings, name) and not settings.checkpoint_path:
       raise ValueError(
           f"--{name} is given, but it applies to the restore from "
           "--checkpoint_path, which is not. Give the checkpoint to "
           f"fine-tune from (--checkpoint_path), or drop --{name}.")
 
 
-def source_checkpoint(model_dir: str) -> Optional[str]:
-  """--checkpoint_path resolved, or None: not given, or a resume.
+def source_checkpoint(settings: settings_lib.FineTuningSettings,
+                      model_dir: str) -> Optional[str]:
+  """`checkpoint_path` resolved, or None: not given, or a resume.
 
   Raises:
-    FileNotFoundError: --checkpoint_path names no checkpoint.
+    FileNotFoundError: `checkpoint_path` names no checkpoint.
   """
-  _check_needs_checkpoint_path()
-  if not FLAGS.checkpoint_path:
+  _check_needs_checkpoint_path(settings)
+  if not settings.checkpoint_path:
     return None
   existing = tf.train.latest_checkpoint(model_dir)
   if existing:
     logging.info("Ignoring --checkpoint_path=%s: --model_dir=%s already has "
                  "a checkpoint (%s), so training resumes from it.",
-                 FLAGS.checkpoint_path, model_dir, existing)
+                 settings.checkpoint_path, model_dir, existing)
     return None
-  return checkpoint_flags.resolve_checkpoint(FLAGS.checkpoint_path)
+  return checkpoints.resolve_checkpoint(settings.checkpoint_path)
 
 
-def trainable_scopes(record: Optional[run_config.RunRecord],
+def trainable_scopes(scopes: Optional[Sequence[str]],
+                     record: Optional[run_config.RunRecord],
                      model_dir: str) -> tuple:
-  """--trainable_scopes, else on a resume the recorded ones, else ()."""
-  if FLAGS.trainable_scopes is not None:
-    return tuple(FLAGS.trainable_scopes)
+  """`scopes` (--trainable_scopes), else on a resume the recorded ones,
+  else ()."""
+  if scopes is not None:
+    return tuple(scopes)
   recorded = record.classifier.trainable_scopes if record else ()
   if recorded and tf.train.latest_checkpoint(model_dir):
     logging.info("Training only --trainable_scopes=%s, as recorded in %s; "
@@ -277,27 +267,32 @@ def trainable_scopes(record: Optional[run_config.RunRecord],
   return ()
 
 
-def from_flags(config: classifier.ClassifierConfig,
-               record: Optional[run_config.RunRecord], model_dir: str,
-               input_fn: Callable[[], tf.data.Dataset]) -> tuple:
-  """The fine-tuning flags applied to a training run.
+def apply(settings: settings_lib.FineTuningSettings,
+          config: classifier.ClassifierConfig,
+          record: Optional[run_config.RunRecord], model_dir: str,
+          input_fn: Callable[[], tf.data.Dataset],
+          averaged: bool = False) -> tuple:
+  """The fine-tuning settings applied to a training run.
 
   Args:
-    config: the classifier from the other flags.
+    settings: the fine-tuning flags' values.
+    config: the classifier from the other settings.
     record: the model_dir's run_config.json record (None: none).
     model_dir: where this run writes its checkpoints.
     input_fn: the training input (its image spec builds the net).
+    averaged: the run keeps moving averages (--moving_average_decay): each
+      restored variable's average starts at its restored value.
 
   Returns:
     `(config with trainable_scopes, WarmStartSettings or None)`.
 
   Raises:
-    ValueError, FileNotFoundError: a fine-tuning flag that cannot work,
+    ValueError, FileNotFoundError: a fine-tuning setting that cannot work,
       with the fix.
   """
   config = dataclasses.replace(config, trainable_scopes=trainable_scopes(
-      record, model_dir))
-  checkpoint = source_checkpoint(model_dir)
+      settings.trainable_scopes, record, model_dir))
+  checkpoint = source_checkpoint(settings, model_dir)
   if checkpoint is None and not config.trainable_scopes:
     return config, None
   variables = net_variables(config, input_fn)
@@ -305,19 +300,20 @@ def from_flags(config: classifier.ClassifierConfig,
                      [v.name for v in variables if v.trainable], trainable)
   if checkpoint is None:
     return config, None
-  return config, _warm_start(checkpoint, variables)
+  return config, _warm_start(checkpoint, variables, settings, averaged)
 
 
-def _warm_start(checkpoint: str, variables: Sequence[NetVariable]
-                ) -> tf.estimator.WarmStartSettings:
+def _warm_start(checkpoint: str, variables: Sequence[NetVariable],
+                settings: settings_lib.FineTuningSettings,
+                averaged: bool) -> tf.estimator.WarmStartSettings:
   """The checked restore of the net from `checkpoint`, logged."""
   names = restored_names(checkpoint, variables,
-                         FLAGS.checkpoint_exclude_scopes or (),
-                         FLAGS.ignore_missing_vars)
+                         settings.checkpoint_exclude_scopes or (),
+                         settings.ignore_missing_vars)
   logging.info("Fine-tuning from %s: %d of the net's %d variables restored; "
                "fresh: %s", checkpoint, len(names), len(variables),
                _listed([v.name for v in variables if v.name not in names])
                or "none")
   shadows = ([v.name for v in variables if v.averaged and v.name in names]
-             if FLAGS.moving_average_decay else [])
+             if averaged else [])
   return warm_start_settings(checkpoint, names, shadows)

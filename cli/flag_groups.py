@@ -73,12 +73,17 @@ def _is_project_module(module_name: str) -> bool:
 
 
 def script_flag_names(flag_values: flags.FlagValues = flags.FLAGS,
-                      modules: Optional[Sequence[str]] = None) -> list:
-  """The flags `modules` define (default: every module of this checkout)."""
-  by_module = flag_values.flags_by_module_dict()
-  keys = (modules if modules is not None else
-          [key for key in by_module if _is_project_module(key)])
-  names = {flag.name for key in keys for flag in by_module.get(key, [])}
+                      modules: Optional[Sequence[str]] = None,
+                      names: Optional[Sequence[str]] = None) -> list:
+  """`names`, else the flags `modules` define (default: every module of
+  this checkout), plus ALWAYS_SHOWN."""
+  if names is not None:
+    names = set(names)
+  else:
+    by_module = flag_values.flags_by_module_dict()
+    keys = (modules if modules is not None else
+            [key for key in by_module if _is_project_module(key)])
+    names = {flag.name for key in keys for flag in by_module.get(key, [])}
   names.update(name for name in ALWAYS_SHOWN if name in flag_values)
   return sorted(names)
 
@@ -109,10 +114,13 @@ def _describe(flag: flags.Flag) -> str:
 
 
 def help_text(doc: str, flag_values: flags.FlagValues = flags.FLAGS,
-              modules: Optional[Sequence[str]] = None) -> str:
-  """The script's docstring, then its flags by group."""
+              modules: Optional[Sequence[str]] = None,
+              names: Optional[Sequence[str]] = None) -> str:
+  """The script's docstring, then its flags by group (`names`, else those
+  `modules` define; default: every flag this checkout defined)."""
   lines = [doc.strip(), ""]
-  for title, names in grouped(script_flag_names(flag_values, modules)):
+  for title, names in grouped(script_flag_names(flag_values, modules,
+                                                names)):
     lines.append(f"{title}:")
     lines += [_describe(flag_values[name]) for name in names]
     lines.append("")

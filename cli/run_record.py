@@ -6,22 +6,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from absl import flags
 from absl import logging
 import tensorflow as tf
 
 import classifier
-from cli import common_flags
 from cli import run_config
-from cli import train_data_flags
+from cli import run_setup
+from cli import settings as settings_lib
 import datasets
-
-FLAGS = flags.FLAGS
-
-
-def flag_value(name: str, default=None):
-  """A flag's value, or `default` when this checkout does not define it."""
-  return FLAGS[name].value if name in FLAGS else default
 
 
 def checkpoint_step(model_dir: str) -> Optional[int]:
@@ -38,31 +30,44 @@ def learning_rate_at(config: classifier.ClassifierConfig, step: int) -> float:
       return float(session.run(rate))
 
 
-def run_record(setup: common_flags.ModelSetup,
-               config: classifier.ClassifierConfig,
-               towers: common_flags.Towers) -> run_config.RunRecord:
+def run_options(settings: settings_lib.TrainSettings) -> dict:
+  """The run's options recorded beside the classifier."""
+  multi_gpu = settings.multi_gpu
+  return {"moving_average_decay": multi_gpu.moving_average_decay,
+          "clip_gradients_by_norm": multi_gpu.clip_gradients_by_norm,
+          "random_seed": settings.run.random_seed,
+          "sync_replicas": settings.cluster.sync_replicas,
+          "variable_update": multi_gpu.variable_update,
+          "sync_batch_norm": multi_gpu.sync_batch_norm,
+          "accumulate_steps": multi_gpu.accumulate_steps,
+          "mixed_precision": multi_gpu.mixed_precision,
+          "num_epochs_per_decay":
+              settings.optimization.num_epochs_per_decay}
+
+
+def run_record(setup: run_setup.ModelSetup,
+               config: classifier.ClassifierConfig, towers: run_setup.Towers,
+               settings: settings_lib.TrainSettings) -> run_config.RunRecord:
   """What run_config.json records for this run."""
-  data = train_data_flags.train_data(setup)
-  options = {name: flag_value(name) for name in (
-      "moving_average_decay", "clip_gradients_by_norm", "random_seed",
-      "sync_replicas", "variable_update", "sync_batch_norm",
-      "accumulate_steps", "mixed_precision", "num_epochs_per_decay")
-      if name in FLAGS}
+  data = run_setup.train_data(settings.data, setup)
   return run_config.RunRecord(
       classifier=config, image_size=setup.image_size,
       dataset_name=setup.dataset_name, dataset_dir=setup.dataset_dir,
       preprocessing=datasets.preprocessing(setup.dataset_name),
-      max_steps=FLAGS.max_steps, global_batch_size=FLAGS.batch_size,
-      towers=tuple(towers.devices), options=options,
+      max_steps=settings.optimization.max_steps,
+      global_batch_size=settings.data.batch_size,
+      towers=tuple(towers.devices), options=run_options(settings),
       dataset_split_name=data["split"],
       preprocessing_name=data["preprocessing_name"],
       labels_offset=data["labels_offset"])
 
 
-def record_run(setup: common_flags.ModelSetup,
-               config: classifier.ClassifierConfig,
-               towers: common_flags.Towers, model_dir: str) -> None:
-  """Writes run_config.json; on a resume, says if the schedule changed."""
+def record_run(setup: run_setup.ModelSetup,
+               config: classifier.ClassifierConfig, towers: run_setup.Towers,
+               settings: settings_lib.TrainSettings) -> None:
+  """Writes run_config.json in the model_dir; on a resume, says if the
+  schedule changed."""
+  model_dir = settings.run.model_dir
   step = checkpoint_step(model_dir)
   if step is not None and setup.record is not None:
     changes = run_config.schedule_changes(setup.record.classifier, config)
@@ -73,8 +78,7 @@ def record_run(setup: common_flags.ModelSetup,
           changes, step, model_dir, rates))
   if step is not None:
     logging.info("Resuming from %s (step %d of %d)",
-                 tf.train.latest_checkpoint(model_dir), step, FLAGS.max_steps)
+                 tf.train.latest_checkpoint(model_dir), step,
+                 settings.optimization.max_steps)
   logging.info("Run configuration: %s", run_config.write(
-      model_dir, run_record(setup, config, towers)))
-
-
+      model_dir, run_record(setup, config, towers, settings)))

@@ -16,10 +16,20 @@ from typing import Callable, Optional
 
 from absl import flags
 
+from datasets import _pipeline
+from estimator_multigpu import devices as devices_lib
 import nets
+from preprocessing import preprocessing_factory
 
 FLAGS = flags.FLAGS
 Check = Callable[[object], Optional[str]]  # the problem, or None.
+OFFSET_DATASETS = ("tfrecord",)  # the others' labels start at class 0.
+SPLIT_NAME_EXPECTED = (
+    "expected a split name of letters, digits and underscores (e.g. train, "
+    "eval, validation): TFRecord files are named "
+    "<split>-NNNNN-of-NNNNN.tfrecord; give such a name.")
+LABELS_OFFSET_EXPECTED = ("expected an offset >= 0 (e.g. 1 for ImageNet's "
+                          "background class); give 0 or more.")
 
 
 def at_least(low: float, example: str = "") -> Check:
@@ -173,3 +183,65 @@ def register(data_flags: bool = False) -> None:
     flags.register_multi_flags_validator(["dataset_name", "num_classes"],
                                          digits_classes)
     _registered.add("dataset_dir")
+
+
+def split_name_ok(split: Optional[str]) -> bool:
+  """--dataset_split_name: None (the script's default) or a safe name."""
+  try:
+    return split is None or bool(_pipeline.check_split_name(split))
+  except ValueError:
+    return False
+
+
+def split_named_once(split: Optional[str]) -> bool:
+  """eval.py's `--eval_split` alias and `--dataset_split_name` not both."""
+  alias = FLAGS["eval_split"].present if "eval_split" in FLAGS else 0
+  if alias and FLAGS["dataset_split_name"].present > alias:
+    raise flags.ValidationError(
+        f"--eval_split is eval.py's earlier name of --dataset_split_name "
+        f"(tf-slim's), and both were given (the last one, {split}, would "
+        "win); give only --dataset_split_name.")
+  return True
+
+
+def labels_offset_ok(offset: Optional[int]) -> bool:
+  return offset is None or offset >= 0
+
+
+def pin_gpus_at_parse(gpus: Optional[list]) -> bool:
+  """Pins --gpus while absl parses the flags.
+
+  absl runs its init callbacks after parsing and before `main`, and
+  TensorFlow registers one (in `distribute/combinations`) that lists the
+  physical devices, which fixes the process's GPUs: later is too late.
+  """
+  if gpus is None:
+    return True
+  try:
+    devices_lib.pin_gpus(gpus)
+  except (TypeError, ValueError, RuntimeError) as error:
+    raise flags.ValidationError(str(error)) from error
+  return True
+
+
+def preprocessing_fits_dataset(values: dict) -> bool:
+  """--preprocessing_name suits a --dataset_name given with it."""
+  if values["preprocessing_name"] and FLAGS["dataset_name"].present:
+    try:
+      preprocessing_factory.check_for_dataset(values["preprocessing_name"],
+                                              values["dataset_name"])
+    except ValueError as error:
+      raise flags.ValidationError(str(error)) from error
+  return True
+
+
+def offset_fits_dataset(values: dict) -> bool:
+  """--labels_offset only with a dataset that has a background class."""
+  offset, dataset = values["labels_offset"], values["dataset_name"]
+  if offset and FLAGS["dataset_name"].present and (
+      dataset not in OFFSET_DATASETS):
+    raise flags.ValidationError(
+        f"--labels_offset={offset} drops leading classes of stored labels, "
+        f"but --dataset_name={dataset} has labels from class 0 and no "
+        "background class; use it with --dataset_name=tfrecord, or drop it.")
+  return True

@@ -19,10 +19,10 @@ from script_runs import run_script
 import tensorflow as tf
 
 import classifier
-from cli import checkpoint_flags
-from cli import common_flags
 from cli import fine_tuning
 from cli import run_config
+from cli import run_setup
+from cli import settings
 import datasets
 import eval as eval_script
 import train
@@ -56,7 +56,7 @@ def train_lenet(model_dir, config, steps, variable_update="shared",
                 warm_start=None):
   """`steps` steps of `config` on 2 CPU towers, EMA on; a checkpoint at
   step 0 (Estimator's first save) and at `steps`."""
-  towers = common_flags.resolve_towers(None, None, 2)
+  towers = run_setup.resolve_towers(None, None, 2)
   model_fn = train.build_model_fn(towers, 0.9, None, BATCH, steps, steps,
                                   None, variable_update=variable_update,
                                   scaling_report=False)
@@ -84,23 +84,29 @@ def names_under(scopes):
                                                              "biases")]
 
 
-def give_fine_tuning_flags(checkpoint_path, exclude=None, trainable=None,
-                           ignore_missing=False):
-  FLAGS.checkpoint_path = checkpoint_path
-  FLAGS.checkpoint_exclude_scopes = exclude
-  FLAGS.trainable_scopes = trainable
-  FLAGS.ignore_missing_vars = ignore_missing
-  FLAGS.moving_average_decay = 0.9  # as train_lenet's.
+def fine_tuning_settings(checkpoint_path, exclude=None, trainable=None,
+                         ignore_missing=False):
+  """What --checkpoint_path, --checkpoint_exclude_scopes, --trainable_scopes
+  and --ignore_missing_vars give."""
+  return settings.FineTuningSettings(
+      checkpoint_path, None if exclude is None else tuple(exclude),
+      None if trainable is None else tuple(trainable), ignore_missing)
+
+
+def apply_fine_tuning(tuning, config, model_dir):
+  """`fine_tuning.apply` with moving averages, as train_lenet's."""
+  return fine_tuning.apply(tuning, config, None, model_dir, digits_input_fn(),
+                           averaged=True)
 
 
 @pytest.mark.parametrize("variable_update", ["shared", "replicated"])
 def test_fine_tune_restores_freezes_and_trains_the_right_variables(
     source, tmp_path, variable_update):
-  give_fine_tuning_flags(source, exclude=[LOGITS],
-                         trainable=[*TRAINED, LOGITS])
+  tuning = fine_tuning_settings(source, exclude=[LOGITS],
+                                trainable=[*TRAINED, LOGITS])
   model_dir = str(tmp_path / "fine_tuned")
-  config, warm_start = fine_tuning.from_flags(
-      lenet_config(TARGET_CLASSES), None, model_dir, digits_input_fn())
+  config, warm_start = apply_fine_tuning(
+      tuning, lenet_config(TARGET_CLASSES), model_dir)
   assert config.trainable_scopes == (*TRAINED, LOGITS)
   with tf.Graph().as_default():
     train_lenet(model_dir, config, TARGET_STEPS, variable_update, warm_start)
@@ -157,10 +163,9 @@ def save_checkpoint(prefix, shapes):
 
 
 def fine_tune_plan(tmp_path, checkpoint_path, **flag_values):
-  """`fine_tuning.from_flags` for LeNet on the digits, in a new model_dir."""
-  give_fine_tuning_flags(checkpoint_path, **flag_values)
-  return fine_tuning.from_flags(lenet_config(TARGET_CLASSES), None,
-                                str(tmp_path / "new"), digits_input_fn())
+  """`fine_tuning.apply` for LeNet on the digits, in a new model_dir."""
+  return apply_fine_tuning(fine_tuning_settings(checkpoint_path, **flag_values),
+                           lenet_config(TARGET_CLASSES), str(tmp_path / "new"))
 
 
 def test_net_variables_are_the_one_device_names_and_shapes():
@@ -293,10 +298,10 @@ def test_trainable_scopes_are_recorded_and_kept_on_a_resume(tmp_path):
   recorded = run_config.read(model_dir)
   assert recorded == record and recorded.classifier.trainable_scopes == (
       LOGITS,)
-  give_fine_tuning_flags(None)  # resumed without --trainable_scopes.
-  assert fine_tuning.trainable_scopes(recorded, model_dir) == (LOGITS,)
-  FLAGS.trainable_scopes = []  # --trainable_scopes= : train every variable.
-  assert fine_tuning.trainable_scopes(recorded, model_dir) == ()
+  # Resumed without --trainable_scopes:
+  assert fine_tuning.trainable_scopes(None, recorded, model_dir) == (LOGITS,)
+  # --trainable_scopes= : train every variable.
+  assert fine_tuning.trainable_scopes((), recorded, model_dir) == ()
 
 
 class CountRuns(tf1.train.SessionRunHook):
@@ -313,7 +318,7 @@ class CountRuns(tf1.train.SessionRunHook):
 def test_eval_max_num_batches_runs_at_most_that_many(source, max_batches):
   eval_batch = 64
   config = lenet_config(SOURCE_CLASSES)
-  towers = common_flags.resolve_towers(None, None, 2)
+  towers = run_setup.resolve_towers(None, None, 2)
   estimator = eval_script.build_estimator(towers, config, source, True)
   input_fn = datasets.make_input_fn("digits", "eval", eval_batch)
   counter = CountRuns()

@@ -8,10 +8,10 @@ import sys
 from absl import flags
 import pytest
 
-from cli import common_flags
 import eval as eval_script
 import export
 from cli import flag_groups
+from cli import flags as cli_flags
 import train
 
 FLAGS = flags.FLAGS
@@ -28,26 +28,23 @@ def groups(help_text):
   return re.findall(r"^(\w[\w -]*):$", help_text, re.M)
 
 
-def module_flags(*modules):
-  by_module = FLAGS.flags_by_module_dict()
-  return {flag.name for module in modules for flag in by_module[module]}
+def script_flags(script):
+  """The flags of the groups the script defines (cli/flags.py)."""
+  return set(cli_flags.names(*script.FLAG_GROUPS))
 
 
-@pytest.mark.parametrize("script,module,expected_groups", [
-    (train, "train", ["Model", "Data", "Towers", "Optimization",
-                      "Checkpoints", "Fine-tuning", "Cluster", "Logging"]),
-    (eval_script, "eval", ["Model", "Data", "Towers", "Optimization",
-                           "Checkpoints", "Evaluation", "Logging"]),
-    (export, "export", ["Model", "Data", "Towers", "Optimization",
-                        "Checkpoints", "Evaluation", "Export", "Logging"]),
+@pytest.mark.parametrize("script,expected_groups", [
+    (train, ["Model", "Data", "Towers", "Optimization",
+             "Checkpoints", "Fine-tuning", "Cluster", "Logging"]),
+    (eval_script, ["Model", "Data", "Towers", "Optimization",
+                   "Checkpoints", "Evaluation", "Logging"]),
+    (export, ["Model", "Data", "Towers", "Optimization",
+              "Checkpoints", "Evaluation", "Export", "Logging"]),
 ])
-def test_help_lists_every_flag_of_the_script_in_groups(script, module,
+def test_help_lists_every_flag_of_the_script_in_groups(script,
                                                        expected_groups):
-  modules = [module, "cli.common_flags", "cli.checkpoint_flags"] + (
-      ["cli.fine_tuning", "cli.cluster_flags", "cli.model_dir_flags"]
-      if module == "train" else ["cli.ema_flags"])
-  text = flag_groups.help_text(script.__doc__, modules=modules)
-  own = module_flags(*modules)
+  own = script_flags(script)
+  text = flag_groups.help_text(script.__doc__, names=own)
   assert flag_names(text) == own | {"verbosity"}
   assert groups(text) == expected_groups
   assert "model_name" in own and "batch_size" in own and "virtual_cpus" in own
@@ -57,8 +54,7 @@ def test_help_lists_every_flag_of_the_script_in_groups(script, module,
 
 
 def test_model_group_comes_first_and_defaults_are_shown():
-  text = flag_groups.help_text(train.__doc__, modules=[
-      "train", "cli.common_flags", "cli.cluster_flags"])
+  text = flag_groups.help_text(train.__doc__, names=script_flags(train))
   model = text.index("Model:")
   assert model < text.index("--model_name") < text.index("Data:")
   assert text.index("Data:") < text.index("--dataset_dir") < text.index(

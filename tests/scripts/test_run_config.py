@@ -8,11 +8,13 @@ import pytest
 import tensorflow as tf
 
 import classifier
-from cli import common_flags
+from cli import flags as cli_flags
 import datasets
 from cli import run_checks
 from cli import run_config
 from cli import run_record
+from cli import run_setup
+from cli import settings as settings_lib
 from cli import script_logging
 import train
 
@@ -28,6 +30,18 @@ def give(**values):
   for name, value in values.items():
     setattr(FLAGS, name, value)
     FLAGS[name].present = 1
+
+
+def model_setup(model_dir):
+  """`run_setup.model_setup` with the model and data settings of the flags."""
+  return run_setup.model_setup(model_dir,
+                               cli_flags.read(settings_lib.ModelSettings),
+                               cli_flags.read(settings_lib.DataSettings))
+
+
+def recorded_max_steps(record):
+  return run_setup.recorded_max_steps(record, FLAGS.max_steps,
+                                      bool(FLAGS["max_steps"].present))
 
 
 def a_record(**classifier_fields):
@@ -69,15 +83,15 @@ def test_no_record_and_a_broken_one(tmp_path):
 
 def test_model_dir_alone_gives_the_recorded_model_and_data(tmp_path):
   run_config.write(str(tmp_path), a_record())
-  setup = common_flags.model_setup(str(tmp_path))
+  setup = model_setup(str(tmp_path))
   assert (setup.model_name, setup.num_classes, setup.image_size,
           setup.dataset_name) == ("mlp", 7, 12, "synthetic")
   assert setup.classifier_config() == a_record().classifier
-  assert common_flags.recorded_max_steps(setup.record) == 100
+  assert recorded_max_steps(setup.record) == 100
   give(max_steps=250, image_size=16)  # flags override the record...
-  setup = common_flags.model_setup(str(tmp_path))
+  setup = model_setup(str(tmp_path))
   assert setup.image_size == 16
-  assert common_flags.recorded_max_steps(setup.record) == 250
+  assert recorded_max_steps(setup.record) == 250
 
 
 @pytest.mark.parametrize("flag,value,recorded", [
@@ -89,11 +103,11 @@ def test_a_net_other_than_the_recorded_one_is_a_clear_error(
   with pytest.raises(ValueError, match=(
       f"--{flag}={value} but --model_dir={tmp_path} holds checkpoints of "
       f"{flag}={recorded}.*Drop --{flag}")):
-    common_flags.model_setup(str(tmp_path))
+    model_setup(str(tmp_path))
 
 
 def test_without_a_record_the_flags_decide(tmp_path):
-  setup = common_flags.model_setup(str(tmp_path))
+  setup = model_setup(str(tmp_path))
   assert setup.record is None and setup.model_name == FLAGS.model_name
   assert setup.classifier_config().model_name == FLAGS.model_name
 
@@ -118,10 +132,13 @@ def test_a_changed_schedule_says_what_changed_and_how_to_keep_it():
 
 def test_train_records_what_eval_and_export_need(tmp_path):
   FLAGS.model_name, FLAGS.max_steps, FLAGS.batch_size = "mlp", 40, 16
-  towers = common_flags.resolve_towers(None, None, 2)
-  setup = common_flags.model_setup(str(tmp_path))
-  config = train.classifier_config(setup.num_classes, 0, setup.model_name)
-  run_record.record_run(setup, config, towers, str(tmp_path))
+  FLAGS.model_dir = str(tmp_path)
+  settings = cli_flags.read(train.Settings)
+  towers = run_setup.resolve_towers(None, None, 2)
+  setup = model_setup(str(tmp_path))
+  config = train.classifier_config(settings, setup.num_classes, 0,
+                                   setup.model_name)
+  run_record.record_run(setup, config, towers, settings)
   record = run_config.read(str(tmp_path))
   assert record.classifier == config and record.max_steps == 40
   assert record.image_size == 8 and record.dataset_name == "digits"

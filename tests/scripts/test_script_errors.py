@@ -28,13 +28,13 @@ def test_a_cluster_task_fails_with_one_line_naming_it(error, status,
                                                       monkeypatch, capsys):
   import train  # pylint: disable=g-import-not-at-top
 
-  def fail(task):
+  def fail(task, settings):
     raise error
 
   monkeypatch.setattr(train, "run", fail)
   monkeypatch.delenv(errors.TRACEBACK_ENV, raising=False)
   task = types.SimpleNamespace(device="/job:worker/task:1")
-  assert train.run_cluster_task(task) == status
+  assert train.run_cluster_task(task, train.Settings()) == status
   lines = capsys.readouterr().err.splitlines()
   assert lines == [f"{os.path.basename(sys.argv[0])} (/job:worker/task:1): "
                    f"error: {'TimeoutError: ' if status == 1 else ''}"

@@ -1,6 +1,7 @@
 """tf-slim's flags in train.py and eval.py: optimizer settings, epoch-based
 decay, the split, the labels offset and the training augmentation."""
 
+import dataclasses
 import json
 import os
 
@@ -11,11 +12,10 @@ from script_runs import run_script
 import tensorflow as tf
 
 import classifier
-from cli import common_flags
-from cli import data_flags
+from cli import flags as cli_flags
 from cli import run_config
 from cli import run_record
-from cli import train_data_flags
+from cli import run_setup
 import datasets
 import eval as eval_script  # pylint: disable=unused-import  (--eval_split)
 import train
@@ -33,12 +33,21 @@ def parse(*args):
   FLAGS(["script.py", *args])
 
 
+def settings():
+  """train.py's settings from the flags parsed last."""
+  return cli_flags.read(train.Settings)
+
+
+def model_setup(model_dir):
+  return run_setup.model_setup(model_dir, settings().model, settings().data)
+
+
 def test_optimizer_settings_reach_the_optimizer():
   parse("--optimizer=ftrl", "--learning_rate_decay_type=fixed",
         "--ftrl_learning_rate_power=-1",
         "--ftrl_initial_accumulator_value=0.5", "--ftrl_l1=0.01",
         "--ftrl_l2=0.02")
-  config = train.classifier_config(10)
+  config = train.classifier_config(settings(), 10)
   assert classifier.optimizer_settings(config) == {
       "ftrl_learning_rate_power": -1.0, "ftrl_initial_accumulator_value": 0.5,
       "ftrl_l1": 0.01, "ftrl_l2": 0.02}
@@ -52,11 +61,11 @@ def test_optimizer_settings_reach_the_optimizer():
 def test_slims_decay_names_and_the_old_alias():
   parse("--learning_rate_decay_type=exponential", "--decay_rate=0.3",
         "--staircase")
-  config = train.classifier_config(10)
+  config = train.classifier_config(settings(), 10)
   assert (config.decay_rate, config.staircase) == (0.3, True)
   parse("--learning_rate_decay_type=exponential",
         "--learning_rate_decay_factor=0.94")
-  assert train.classifier_config(10).decay_rate == 0.94
+  assert train.classifier_config(settings(), 10).decay_rate == 0.94
 
 
 MISTAKES = [
@@ -121,22 +130,23 @@ def test_num_epochs_per_decay_gives_slims_decay_steps(accumulate, workers,
                                                       expected):
   parse("--learning_rate_decay_type=exponential", "--num_epochs_per_decay=2",
         "--batch_size=64", f"--accumulate_steps={accumulate}")
-  assert train.classifier_config(10, workers).decay_steps == expected
+  assert train.classifier_config(settings(), 10, workers).decay_steps == expected
 
 
 def test_epochs_of_synthetic_data_are_refused():
   parse("--dataset_name=synthetic", "--num_epochs_per_decay=1")
   with pytest.raises(ValueError, match="without epochs.*--decay_steps"):
-    train.classifier_config(10)
+    train.classifier_config(settings(), 10)
 
 
 def test_each_script_has_its_own_default_split():
-  assert train_data_flags.train_data(None)["split"] == "train"
-  assert data_flags.split_name(data_flags.EVAL_SPLIT) == "eval"
+  assert run_setup.train_data(settings().data)["split"] == "train"
+  assert run_setup.split_name(settings().data, run_setup.EVAL_SPLIT) == "eval"
   parse("--eval_split=validation")  # eval.py's earlier name, an alias.
-  assert data_flags.split_name(data_flags.EVAL_SPLIT) == "validation"
+  assert run_setup.split_name(settings().data,
+                              run_setup.EVAL_SPLIT) == "validation"
   parse("--dataset_split_name=trainval")
-  assert train_data_flags.train_data(None)["split"] == "trainval"
+  assert run_setup.train_data(settings().data)["split"] == "trainval"
 
 
 def write_records(data_dir, split, labels):
@@ -158,23 +168,27 @@ def test_labels_offset_sets_the_classes_and_is_recorded(tmp_path):
   parse("--dataset_name=tfrecord", f"--dataset_dir={data_dir}",
         "--labels_offset=1", "--image_size=8", "--preprocessing_name=crop_flip",
         "--model_name=mlp")
-  setup = common_flags.model_setup(model_dir)
+  setup = model_setup(model_dir)
   assert (setup.num_classes, setup.labels_offset) == (3, 1)  # 4 labels - 1.
   os.makedirs(model_dir)
-  run_record.record_run(setup, train.classifier_config(3, 0, None, setup),
-                   common_flags.resolve_towers(None, None, 1), model_dir)
+  train_settings = dataclasses.replace(settings(), run=dataclasses.replace(
+      settings().run, model_dir=model_dir))
+  run_record.record_run(setup, train.classifier_config(settings(), 3, 0, None,
+                                                       setup),
+                        run_setup.resolve_towers(None, None, 1),
+                        train_settings)
   record = json.load(open(run_config.path(model_dir)))
   assert (record["labels_offset"], record["preprocessing_name"],
           record["dataset_split_name"]) == (1, "crop_flip", "train")
   parse()  # eval.py with --model_dir alone: the recorded offset.
-  setup = common_flags.model_setup(model_dir)
+  setup = model_setup(model_dir)
   assert (setup.num_classes, setup.labels_offset) == (3, 1)
-  assert train_data_flags.train_data(setup)["preprocessing_name"] == (
+  assert run_setup.train_data(settings().data, setup)["preprocessing_name"] == (
       "crop_flip")  # a resume keeps the augmentation.
   parse("--labels_offset=0")
   with pytest.raises(ValueError, match="--labels_offset=0 but --model_dir="
                      ".* was trained with labels_offset=1"):
-    common_flags.model_setup(model_dir)
+    model_setup(model_dir)
 
 
 def test_a_record_from_before_these_flags_loads(tmp_path):
@@ -236,7 +250,7 @@ def test_a_resume_compares_the_settings_of_the_optimizer_in_use():
 
 
 def test_eval_reads_a_training_split_once():
-  setup = common_flags.model_setup("/nonexistent")  # digits, no record.
+  setup = model_setup("/nonexistent")  # digits, no record.
   dataset = eval_script.eval_input_fn(setup, "train", 64)()
   # 1,437 training digits in batches of 64: 22 full batches and one of 29.
   sizes = [int(labels.shape[0]) for _, labels in dataset]

@@ -4,7 +4,8 @@ from absl import flags
 import pytest
 
 import estimator_multigpu as emg
-from cli import common_flags
+from cli import flags as cli_flags
+from cli import run_setup
 import train
 
 FLAGS = flags.FLAGS
@@ -31,8 +32,10 @@ def multi_gpu_calls(monkeypatch):
 def test_flag_reaches_the_decorator(value, multi_gpu_calls, tmp_path):
   FLAGS.model_name, FLAGS.model_dir = "resnet_v1_50", str(tmp_path)
   FLAGS.sync_batch_norm = value
-  towers = common_flags.resolve_towers(None, None, 2)
-  train.make_estimator(None, towers, train.classifier_config(10),
+  towers = run_setup.resolve_towers(None, None, 2)
+  settings = cli_flags.read(train.Settings)
+  train.make_estimator(settings, None, towers,
+                       train.classifier_config(settings, 10),
                        schedule=(100, None))
   assert [call["sync_batch_norm"] for call in multi_gpu_calls] == [value]
 

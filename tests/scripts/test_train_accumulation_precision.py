@@ -7,7 +7,8 @@ from absl import flags
 import pytest
 import tensorflow as tf
 
-from cli import common_flags
+from cli import flags as cli_flags
+from cli import run_setup
 import train
 
 tf1 = tf.compat.v1
@@ -30,14 +31,16 @@ def test_flags_reach_the_wrapper(tmp_path):
   # updates; float16 adds the loss-scale summaries.
   FLAGS(["test", "--accumulate_steps=2", "--mixed_precision=float16",
          "--model_name=mlp", "--max_steps=4", "--batch_size=8"])
-  towers = common_flags.resolve_towers(None, None, 2)
+  towers = run_setup.resolve_towers(None, None, 2)
+  settings = cli_flags.read(train.Settings)
   model_fn = train.build_model_fn(
       towers, None, None, 8, 4, 2, str(tmp_path),
       accumulate_steps=FLAGS.accumulate_steps,
       mixed_precision=FLAGS.mixed_precision)
-  estimator = train.build_estimator(model_fn, train.classifier_config(10),
+  estimator = train.build_estimator(model_fn, train.classifier_config(settings, 10),
                                     towers, str(tmp_path), 100, 1, 1)
-  estimator.train(train.train_input_fn(8, 10), max_steps=4)
+  digits = run_setup.ModelSetup("mlp", 10, 8, "digits", None)
+  estimator.train(train.train_input_fn(settings, digits), max_steps=4)
   assert estimator.get_variable_value("global_step") == 4
   assert {"loss", "loss_scale", "skipped_updates"} <= scalar_tags(
       str(tmp_path))

@@ -1,4 +1,4 @@
-"""train.py's tf-slim optimization flags: per-optimizer settings and decay.
+"""Checks of train.py's tf-slim optimization flags, and what they set.
 
 Names, meanings and (mostly) defaults are tf-slim's train_image_classifier.py
 ones. Where this project had its own name first it stays as an alias:
@@ -10,9 +10,9 @@ TensorFlow's 1e-8 for adam and adadelta (slim: 1.0 for all; rmsprop keeps
 A setting given for another optimizer than `--optimizer`, a decay setting
 the `--learning_rate_decay_type` does not use, two flags for the same thing
 and ftrl with a decaying rate (its weights scale with the rate) are errors,
-never silently ignored. `register_validators()` (called
-by train.py after it defines `--optimizer` and the schedule flags) installs
-the checks.
+never silently ignored. `register_validators()` (called by
+cli/flags.py after it defines `--optimizer` and the schedule flags)
+installs the checks; they read which flags were typed (absl validators).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from typing import Callable, Optional
 from absl import flags
 
 import classifier
+from cli import settings
 
 FLAGS = flags.FLAGS
-_DEFAULTS = {field.name: field.default
-             for field in dataclasses.fields(classifier.ClassifierConfig)}
-_HELP = {
+SETTING_HELP = {  # the per-optimizer settings, with their --help.
     "adam_beta1": "adam: decay rate of the first-moment estimates.",
     "adam_beta2": "adam: decay rate of the second-moment estimates.",
     "rmsprop_decay": "rmsprop: decay of the mean square.",
@@ -43,27 +42,9 @@ _HELP = {
     "ftrl_l1": "ftrl: L1 regularization strength.",
     "ftrl_l2": "ftrl: L2 regularization strength.",
 }
-SETTINGS = tuple(_HELP) + ("opt_epsilon",)  # per-optimizer setting flags.
+SETTINGS = tuple(SETTING_HELP) + ("opt_epsilon",)  # per-optimizer setting flags.
 DECAY_FLAGS = ("learning_rate_decay_factor", "num_epochs_per_decay",
                "staircase")
-
-for _name, _help in _HELP.items():
-  flags.DEFINE_float(_name, _DEFAULTS[_name], _help)
-flags.DEFINE_float("opt_epsilon", None, "adam, rmsprop, adadelta: epsilon "
-                   "(default: 1e-8 for adam and adadelta, as TensorFlow; 1.0 "
-                   "for rmsprop, as tf-slim, whose default is 1.0 for all).")
-flags.DEFINE_float("learning_rate_decay_factor", _DEFAULTS["decay_rate"],
-                   "exponential: the learning rate is multiplied by this "
-                   "every decay period (tf-slim's default: 0.94).")
-flags.DEFINE_alias("decay_rate", "learning_rate_decay_factor")
-flags.DEFINE_float("num_epochs_per_decay", None, "The decay period in epochs "
-                   "of the training split (tf-slim's): decay_steps = "
-                   "examples per epoch / examples per step x this. Instead "
-                   "of --decay_steps; not for synthetic data.")
-flags.DEFINE_bool("staircase", False, "exponential: lower the rate once per "
-                  "whole decay period, as tf-slim does, instead of "
-                  "smoothly every step.")
-
 
 def typed_flags(names) -> list:
   """The flags among `names` on the command line, `--decay_rate` (the
@@ -188,19 +169,24 @@ def decay_steps(num_epochs: float, examples_per_epoch: int,
   return max(1, int(examples_per_epoch / examples_per_step * num_epochs))
 
 
-def classifier_settings(examples_per_epoch: Callable[[], int],
+def classifier_settings(optimization: settings.OptimizationSettings,
+                        optimizer: settings.OptimizerSettings,
+                        examples_per_epoch: Callable[[], int],
                         examples_per_step: int) -> dict:
-  """The ClassifierConfig fields these flags set.
+  """The ClassifierConfig fields the tf-slim settings set.
 
   Args:
+    optimization: the schedule (decay factor, staircase, epochs per decay).
+    optimizer: the per-optimizer settings.
     examples_per_epoch: returns the training split's size (called only
-      with --num_epochs_per_decay).
+      with `num_epochs_per_decay`).
     examples_per_step: examples one global step trains on.
   """
-  settings = {name: FLAGS[name].value for name in SETTINGS}
-  settings.update(decay_rate=FLAGS.learning_rate_decay_factor,
-                  staircase=FLAGS.staircase)
-  if FLAGS.num_epochs_per_decay is not None:
-    settings["decay_steps"] = decay_steps(
-        FLAGS.num_epochs_per_decay, examples_per_epoch(), examples_per_step)
-  return settings
+  fields = dataclasses.asdict(optimizer)
+  fields.update(decay_rate=optimization.learning_rate_decay_factor,
+                staircase=optimization.staircase)
+  if optimization.num_epochs_per_decay is not None:
+    fields["decay_steps"] = decay_steps(optimization.num_epochs_per_decay,
+                                        examples_per_epoch(),
+                                        examples_per_step)
+  return fields

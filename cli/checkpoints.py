@@ -1,4 +1,5 @@
-"""train.py's checkpoint flags, and the checks that a run can save.
+"""Checkpoints and model dirs of the scripts: the checkpoint a path names,
+whether it holds moving averages, and the checks that a run can save.
 
 `check_model_dir` fails before any step when the model dir cannot be
 written or its disk is nearly full; `checkpoint_schedule` refuses a schedule
@@ -9,25 +10,59 @@ even at the end or on SIGTERM).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from typing import Optional
 
-from absl import flags
+import tensorflow as tf
+
+# The files of a checkpoint, after its prefix.
+_CHECKPOINT_FILE = re.compile(r"\.(index|meta|data-\d+-of-\d+)$")
 
 
-flags.DEFINE_integer("save_checkpoints_steps", 500, "Checkpoint every N "
-                     "steps (> 0; larger than --max_steps: only at the start "
-                     "and the end, including a stop by SIGTERM).")
-flags.DEFINE_integer("save_checkpoints_secs", None, "Checkpoint every N "
-                     "seconds instead of every --save_checkpoints_steps.")
-flags.DEFINE_integer("save_summary_steps", 100, "Summaries every N steps.")
-flags.DEFINE_integer("min_free_disk_mb", 50, "Refuse to start when the model "
-                     "dir's disk has less free space than this.")
-flags.DEFINE_integer("stop_grace_secs", 60, "After SIGTERM/Ctrl-C, exit "
-                     "without a final checkpoint if the current step has not "
-                     "finished within this time (e.g. a synchronous step "
-                     "waiting for a dead worker).")
+def resolve_checkpoint(path: str, flag: str = "--checkpoint_path") -> str:
+  """The checkpoint `path` names: itself, or a directory's latest.
+
+  Args:
+    path: a checkpoint prefix (`.../model.ckpt-1500`) or a directory.
+    flag: the flag that gave `path`, for the message.
+
+  Returns:
+    The checkpoint prefix.
+
+  Raises:
+    FileNotFoundError: `path` is neither a checkpoint nor a directory that
+      holds one.
+  """
+  if tf.io.gfile.isdir(path):
+    latest = tf.train.latest_checkpoint(path)
+    if latest is None:
+      raise FileNotFoundError(
+          f"{flag}={path} is a directory without a checkpoint (no "
+          "`checkpoint` state file naming one); give a directory where "
+          "train.py saved checkpoints, or a checkpoint such as "
+          f"{os.path.join(path, 'model.ckpt-1500')}.")
+    return latest
+  if not tf.io.gfile.exists(path + ".index"):
+    raise FileNotFoundError(
+        f"{flag}={path} is not a checkpoint: {path}.index does not exist. "
+        f"Give a checkpoint prefix (the name before .index, e.g. "
+        f"runs/digits/model.ckpt-1500) or a directory holding checkpoints"
+        f"{_suffix_hint(path)}.")
+  return path
+
+
+def _suffix_hint(path: str) -> str:
+  """`; here: <prefix>` when `path` names one of a checkpoint's files."""
+  prefix = _CHECKPOINT_FILE.sub("", path)
+  return f"; here: {prefix}" if prefix != path else ""
+
+
+def checkpoint_has_ema(checkpoint: str) -> bool:
+  """Whether the checkpoint holds moving averages of the weights."""
+  return any(name.endswith("/ExponentialMovingAverage")
+             for name, _ in tf.train.list_variables(checkpoint))
 
 
 def check_model_dir(model_dir: str, min_free_mb: int) -> None:
@@ -79,5 +114,3 @@ def checkpoint_schedule(steps: Optional[int], secs: Optional[int],
         "everything; give a number of steps > 0. To save only at the start "
         "and the end (SIGTERM included), give one larger than --max_steps.")
   return steps, None
-
-

@@ -1,0 +1,76 @@
+"""train.py on a cluster: this process's task from the cluster settings.
+
+Every task runs train.py with the same --ps_hosts and --worker_hosts plus
+its own --job_name and --task_index, or with a TF_CONFIG environment
+variable instead (Kubeflow, Slurm: docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+from absl import logging
+
+from estimator_multigpu.runtime import checkpoints as checkpoints_lib
+from estimator_multigpu import cluster
+
+from cli import checkpoints
+from cli import run_setup
+from cli import settings as settings_lib
+
+
+def cluster_task(settings: settings_lib.ClusterSettings,
+                 tf_config: Optional[str]) -> Optional[cluster.Task]:
+  """This process's cluster task (the settings, else `tf_config`, the
+  TF_CONFIG environment variable); None: a local run.
+
+  Raises:
+    ValueError: `sync_replicas` without a cluster, or bad cluster settings.
+  """
+  task = cluster.resolve_task(
+      _list(settings.ps_hosts), _list(settings.worker_hosts),
+      settings.job_name, settings.task_index, tf_config)
+  if task is None and settings.sync_replicas:
+    raise ValueError("--sync_replicas synchronizes the workers of a cluster; "
+                     "give --ps_hosts, --worker_hosts and --job_name (or "
+                     "TF_CONFIG), or drop it.")
+  return task
+
+
+def _list(hosts):
+  return None if hosts is None else list(hosts)
+
+
+def trainer_number(task: Optional[cluster.Task]) -> int:
+  """0 for the chief (or a local run), i for worker i of the flags."""
+  if task is None or task.type != cluster.WORKER:
+    return 0
+  return task.index + 1
+
+
+def replicas_to_aggregate(task: Optional[cluster.Task],
+                          sync_replicas: bool) -> int:
+  """Workers whose gradients each step averages; 0 for asynchronous."""
+  return len(task.trainers) if task and sync_replicas else 0
+
+
+def prepare_task(task: Optional[cluster.Task], towers: run_setup.Towers,
+                 model_dir: str, min_free_disk_mb: int) -> run_setup.Towers:
+  """Checks the model dir where this task writes; tells Estimator the task.
+
+  Returns:
+    The towers, with the session config for this task.
+  """
+  if task is None or task.type in (cluster.CHIEF, cluster.EVALUATOR):
+    checkpoints.check_model_dir(model_dir, min_free_disk_mb)
+  if task is None or task.is_chief:
+    checkpoints_lib.prepare_model_dir(model_dir)
+  if task is None:
+    return towers
+  os.environ["TF_CONFIG"] = task.tf_config()  # read by RunConfig.
+  logging.info("Cluster task %s (TF_CONFIG=%s)", task.device,
+               task.tf_config())
+  return dataclasses.replace(towers, session_config=cluster.session_config(
+      task, towers.session_config))
