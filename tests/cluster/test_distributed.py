@@ -28,7 +28,9 @@ from estimator_multigpu.cluster import job_control
 from estimator_multigpu.cluster import launch
 import linear_cluster
 import train
-from cli import cluster_flags
+from cli import cluster_task as cluster_task_lib
+from cli import flags as cli_flags
+from cli import settings as settings_lib
 
 tf1 = tf.compat.v1
 FLAGS = flags.FLAGS
@@ -116,17 +118,24 @@ def fixture_parsed_flags():
     yield
 
 
+def _cluster_task():
+  """This process's task, as train.py's main builds it from the flags."""
+  cluster = cli_flags.read(settings_lib.ClusterSettings)
+  return cluster_task_lib.cluster_task(cluster, None), cluster
+
+
 @pytest.mark.usefixtures("parsed_flags")
 def test_train_py_reads_cluster_flags():
   FLAGS.ps_hosts, FLAGS.worker_hosts = ["p:1"], ["w0:1", "w1:1"]
   FLAGS.job_name, FLAGS.task_index, FLAGS.sync_replicas = "worker", 1, True
-  task = cluster_flags.cluster_task()
+  task, cluster = _cluster_task()
   assert task.device == "/job:worker/task:0"
-  assert cluster_flags.trainer_number(task) == 1  # its own input shuffle.
-  assert cluster_flags.replicas_to_aggregate(task) == 2
+  assert cluster_task_lib.trainer_number(task) == 1  # its own input shuffle.
+  assert cluster_task_lib.replicas_to_aggregate(
+      task, cluster.sync_replicas) == 2
   FLAGS.ps_hosts = FLAGS.worker_hosts = FLAGS.job_name = None
   with pytest.raises(ValueError, match="--sync_replicas synchronizes"):
-    cluster_flags.cluster_task()
+    _cluster_task()
 
 
 def test_sync_replicas_config_is_checked():
