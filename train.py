@@ -61,6 +61,7 @@ from cli import run_checks
 from cli import run_record
 from cli import run_setup
 from cli import settings as settings_lib
+from cli import train_checks
 
 FLAGS = flags.FLAGS
 FLAG_GROUPS = (cli_flags.shared, cli_flags.training, cli_flags.fine_tuning,
@@ -209,6 +210,11 @@ def train(settings: Settings, estimator: tf.estimator.Estimator,
                "%d -> %s", setup.model_name, setup.dataset_name,
                settings.data.batch_size, len(towers.devices), max_steps,
                model_dir)
+  logging.info("Building the training graph of %s on %d tower(s)%s; the "
+               "first progress line follows its first step.",
+               setup.model_name, len(towers.devices),
+               " with synchronized batch norm"
+               if settings.multi_gpu.sync_batch_norm else "")
   on_blocked = None if task is None else (
       lambda number, secs: job_control.abandon(task, number, secs))
   with hooks.SignalStop(blocked_secs=settings.run.stop_grace_secs,
@@ -269,6 +275,9 @@ def plan(task: Optional[cluster.Task], settings: Settings) -> Plan:
       "save_checkpoints_steps" in run.given)
   towers = cluster_task.prepare_task(task, towers, run.model_dir,
                                      run.min_free_disk_mb)
+  train_checks.check_batch_of(
+      settings.data.batch_size, setup.dataset_name,
+      run_setup.train_data(settings.data, setup)["split"], setup.dataset_dir)
   input_fn = train_input_fn(settings, setup, cluster_task.trainer_number(task))
   config, warm_start = fine_tuning.apply(
       settings.fine_tuning, config, setup.record, run.model_dir, input_fn,
@@ -296,7 +305,17 @@ def run(task: Optional[cluster.Task], settings: Settings) -> int:
   if task is not None and task.type == cluster.PS:
     job_control.serve_ps(task, settings.cluster.ps_linger_secs)
     return 0
+  with train_checks.writer_lock(task, settings.run.model_dir,
+                                settings.run.min_free_disk_mb):
+    return run_locked(task, settings)
+
+
+def run_locked(task: Optional[cluster.Task], settings: Settings) -> int:
+  """`run` once this task holds the model dir (a local run, the chief)."""
   planned = plan(task, settings)
+  if task is None and train_checks.nothing_to_train(
+      settings.run.model_dir, settings.optimization.max_steps):
+    return 0
   check_and_record(task, settings, planned)
   estimator = make_estimator(settings, task, planned.towers, planned.config,
                              planned.schedule, planned.warm_start)

@@ -20,6 +20,7 @@ from absl import flags
 import classifier
 import datasets
 import nets
+from cli import flag_use
 from cli import optimization_checks
 from cli import settings
 from cli import validators
@@ -29,6 +30,7 @@ from preprocessing import preprocessing_factory
 FLAGS = flags.FLAGS
 T = TypeVar("T")
 _DEFINED = {}  # group function -> the names of the flags it defined.
+PATH_FLAGS = ("model_dir", "dataset_dir", "checkpoint_path", "export_dir")
 
 
 def _defaults(cls: type) -> dict:
@@ -63,15 +65,23 @@ def read(cls: Type[T], flag_values: flags.FlagValues = FLAGS) -> T:
 
   A field that is itself a settings dataclass is read the same way; a
   field without a flag in this script keeps its default; `given` is the
-  set of the fields' flags typed on the command line.
+  set of the fields' flags typed on the command line. A script's settings
+  (`cls.SCRIPT`) are first checked for flags it would ignore
+  (cli/flag_use.py).
+
+  Raises:
+    ValueError: a flag given that the script, data or mode does not use.
   """
+  if hasattr(cls, "SCRIPT"):
+    flag_use.check(flag_values, cls.SCRIPT)
   hints = typing.get_type_hints(cls)
   values = {}
   for field in dataclasses.fields(cls):
     if dataclasses.is_dataclass(hints[field.name]):
       values[field.name] = read(hints[field.name], flag_values)
     elif field.name in flag_values:
-      values[field.name] = _plain(flag_values[field.name].value)
+      values[field.name] = _plain(field.name,
+                                  flag_values[field.name].value)
   if "given" in hints:
     values["given"] = frozenset(name for name in values
                                 if name in flag_values and
@@ -79,8 +89,11 @@ def read(cls: Type[T], flag_values: flags.FlagValues = FLAGS) -> T:
   return cls(**values)
 
 
-def _plain(value):
-  """A list flag's value as a tuple (settings are frozen)."""
+def _plain(name: str, value):
+  """A list flag's value as a tuple (settings are frozen); a path flag's
+  with `~` and environment variables expanded."""
+  if name in PATH_FLAGS:
+    return flag_use.expand_path(value)
   return tuple(value) if isinstance(value, list) else value
 
 

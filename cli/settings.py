@@ -11,7 +11,7 @@ those override the model_dir's record (run_config.json).
 from __future__ import annotations
 
 import dataclasses
-from typing import FrozenSet, Optional, Tuple
+from typing import ClassVar, FrozenSet, Optional, Tuple
 
 import classifier
 
@@ -147,6 +147,7 @@ class FineTuningSettings:
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
   """Everything train.py's flags say, by group."""
+  SCRIPT: ClassVar[str] = "train.py"  # whose flags (cli/flag_use.py).
   model: ModelSettings = ModelSettings()
   data: DataSettings = DataSettings()
   towers: TowerSettings = TowerSettings()
@@ -177,6 +178,7 @@ class EvaluationSettings:
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
   """Everything eval.py's flags say, by group."""
+  SCRIPT: ClassVar[str] = "eval.py"  # whose flags (cli/flag_use.py).
   model: ModelSettings = ModelSettings()
   data: DataSettings = DataSettings()
   towers: TowerSettings = TowerSettings()
@@ -186,6 +188,7 @@ class EvalSettings:
 @dataclasses.dataclass(frozen=True)
 class ExportSettings:
   """What export.py writes (`export_dir`) from which checkpoint."""
+  SCRIPT: ClassVar[str] = "export.py"  # whose flags (cli/flag_use.py).
   model_dir: str = "runs/digits"
   export_dir: Optional[str] = None
   checkpoint_path: Optional[str] = None

@@ -147,24 +147,34 @@ def _parse_label_line(line: str, path: str, number: int) -> Tuple[int, str]:
   return int(label), name
 
 
-def count_records(data_dir: str, split: str) -> int:
-  """The number of records of a split (reads every shard once).
+def count_records(data_dir: str, split: str,
+                  at_most: Optional[int] = None) -> int:
+  """The number of records of a split (reads every shard once), or, with
+  `at_most`, min(that, `at_most`), reading no further.
 
   Raises:
     ValueError: a shard cannot be read (naming it).
   """
   files = find_shards(data_dir, split)
+  limit = -1 if at_most is None else at_most
   with tf.Graph().as_default():
     path = tf.compat.v1.placeholder(tf.string, [])
-    count = tf.data.TFRecordDataset(path).reduce(
+    take = tf.compat.v1.placeholder(tf.int64, [])
+    count = tf.data.TFRecordDataset(path).take(take).reduce(
         tf.constant(0, tf.int64), lambda total, _: total + 1)
     with tf.compat.v1.Session() as session:
-      return sum(_count(session, count, path, name) for name in files)
+      total = 0
+      for name in files:
+        if limit >= 0 and total >= limit:
+          break
+        total += _count(session, count, {path: name, take: (
+            limit - total if limit >= 0 else -1)}, name)
+      return total
 
 
-def _count(session, count: tf.Tensor, path: tf.Tensor, name: str) -> int:
+def _count(session, count: tf.Tensor, feed: dict, name: str) -> int:
   try:
-    return int(session.run(count, {path: name}))
+    return int(session.run(count, feed))
   except tf.errors.OpError as error:
     reason = record_checks.op_error_reason(error)
     raise ValueError(
