@@ -36,6 +36,7 @@ import estimator_multigpu as emg
 from estimator_multigpu.runtime import evaluation
 import classifier
 from cli import checkpoints
+from cli import cluster_task
 from cli import errors
 from cli import flags as cli_flags
 from cli import model_dir_check
@@ -199,6 +200,7 @@ def run(settings: Settings) -> dict:
 def main(argv):
   del argv
   script_logging.configure(FLAGS.verbosity)
+  cluster_task.check_tf_config(os.environ.get("TF_CONFIG"))
   print(evaluation.format_metrics(run(cli_flags.read(Settings))))
 
 

@@ -22,6 +22,7 @@ checkpoint has them (--nouse_ema_weights: the raw ones).
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from absl import app
@@ -39,6 +40,7 @@ import estimator_multigpu as emg
 
 import classifier
 from cli import checkpoints
+from cli import cluster_task
 from cli import errors
 from cli import flags as cli_flags
 from cli import model_dir_check
@@ -112,6 +114,7 @@ def export(settings: Settings) -> str:
 def main(argv):
   del argv
   script_logging.configure(FLAGS.verbosity)
+  cluster_task.check_tf_config(os.environ.get("TF_CONFIG"))
   settings = cli_flags.read(Settings)
   if not settings.export_dir:
     raise app.UsageError("--export_dir is required: where to write the "

@@ -285,19 +285,19 @@ def plan(task: Optional[cluster.Task], settings: Settings) -> Plan:
   return Plan(towers, setup, config, schedule, input_fn, warm_start)
 
 
-def check_and_record(task: Optional[cluster.Task], settings: Settings,
-                     planned: Plan) -> None:
-  """The chief's (or a local run's) checks of the model_dir, then its
-  run_config.json."""
+def check_model_dir(task: Optional[cluster.Task], settings: Settings,
+                    planned: Plan) -> bool:
+  """The chief's (or a local run's) check that the model_dir's checkpoint
+  fits; False when a local run has nothing left to train."""
   if task is not None and not task.is_chief:
-    return
+    return True
   one_tower = model_dir_check.one_tower(planned.towers)
   model_dir_check.check_estimator(
       make_estimator(settings, task, one_tower, planned.config,
                      planned.schedule),
       model_dir_check.input_specs(planned.input_fn), planned.setup.num_classes)
-  run_record.record_run(planned.setup, planned.config, planned.towers,
-                        settings)
+  return task is not None or not train_checks.nothing_to_train(
+      settings.run.model_dir, settings.optimization.max_steps)
 
 
 def run(task: Optional[cluster.Task], settings: Settings) -> int:
@@ -313,10 +313,11 @@ def run(task: Optional[cluster.Task], settings: Settings) -> int:
 def run_locked(task: Optional[cluster.Task], settings: Settings) -> int:
   """`run` once this task holds the model dir (a local run, the chief)."""
   planned = plan(task, settings)
-  if task is None and train_checks.nothing_to_train(
-      settings.run.model_dir, settings.optimization.max_steps):
+  if not check_model_dir(task, settings, planned):
     return 0
-  check_and_record(task, settings, planned)
+  if task is None or task.is_chief:
+    run_record.record_run(planned.setup, planned.config, planned.towers,
+                          settings)
   estimator = make_estimator(settings, task, planned.towers, planned.config,
                              planned.schedule, planned.warm_start)
   if task is not None and task.type == cluster.EVALUATOR:

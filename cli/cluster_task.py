@@ -74,3 +74,20 @@ def prepare_task(task: Optional[cluster.Task], towers: run_setup.Towers,
                task.tf_config())
   return dataclasses.replace(towers, session_config=cluster.session_config(
       task, towers.session_config))
+
+
+def check_tf_config(tf_config: Optional[str]) -> None:
+  """eval.py and export.py: a TF_CONFIG left in the environment, which
+  Estimator's RunConfig reads, must at least parse (train.py reads it as
+  its task).
+
+  Raises:
+    ValueError: naming TF_CONFIG, its text and an example.
+  """
+  if not tf_config:
+    return
+  try:
+    cluster.task_from_tf_config(tf_config)
+  except ValueError as error:
+    raise ValueError(f"{error}. For a run on this machine only, unset "
+                     "TF_CONFIG (unset TF_CONFIG in the shell).") from error

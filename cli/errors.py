@@ -14,6 +14,11 @@ whose it is:
   does not answer (`TimeoutError`, `ConnectionError`), a TensorFlow error
   other than a bad record, anything unexpected.
 
+A Ctrl-C that interrupts (a second one while the first stops training
+cleanly, or one before training starts) is one line and status 130; a full
+disk ("No space left on device") is one line, without TensorFlow's
+out-of-memory hint, and status 1.
+
 No traceback is shown unless `--verbosity=1` (or higher) or the environment
 variable `EMG_TRACEBACK=1`. Exits by signal keep their status (`SystemExit`
 passes through: 128 + signal after SIGTERM or Ctrl-C).
@@ -21,6 +26,7 @@ passes through: 128 + signal after SIGTERM or Ctrl-C).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -35,6 +41,8 @@ from cli import script_logging
 
 USAGE = 2
 FAILURE = 1
+INTERRUPTED = 130  # 128 + SIGINT: a second Ctrl-C.
+NO_SPACE = "No space left on device"
 TRACEBACK_ENV = "EMG_TRACEBACK"
 FLAGS = flags.FLAGS
 _USER_ERRORS = (ValueError, TypeError, OSError, app.UsageError, flags.Error)
@@ -56,6 +64,8 @@ def explain(error: BaseException) -> Tuple[str, int]:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if isinstance(error, tf.errors.OpError):
     return _explain_op_error(error)
+  if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+    return no_space_line(f"{error.filename}: {NO_SPACE}"), FAILURE
   if isinstance(error, _USER_ERRORS) and not isinstance(error, _RUN_TIME):
     return one_line(str(error)), USAGE
   name = type(error).__name__
@@ -64,11 +74,24 @@ def explain(error: BaseException) -> Tuple[str, int]:
 
 def _explain_op_error(error) -> Tuple[str, int]:
   """TensorFlow's run-time errors; bad records and checkpoint paths are the
-  user's (status 2), named."""
+  user's (status 2), named; a full disk is one line without TensorFlow's
+  out-of-memory hint."""
   message = _bad_record(error) or _not_a_checkpoint(error)
   if message:
     return message, USAGE
+  if NO_SPACE in error.message:
+    return no_space_line(error.message), FAILURE
   return f"{type(error).__name__}: {one_line(error.message)}", FAILURE
+
+
+def no_space_line(message: str) -> str:
+  """A full disk, named with the file being written (when the message has
+  it) and the fix."""
+  path = re.search(r"(\S*/[^\s;:]+)[;:]? *" + NO_SPACE, message)
+  where = f" while writing {path.group(1)}" if path else ""
+  return (f"{NO_SPACE}{where}: the disk is full. Free some space (or "
+          "choose a --model_dir on another disk), then run the same command "
+          "again: training resumes from the newest complete checkpoint.")
 
 
 def _bad_record(error) -> Optional[str]:
@@ -123,6 +146,18 @@ def report(error: BaseException, argv: Sequence[str],
   return status
 
 
+def report_interrupt(argv: Sequence[str]) -> int:
+  """One line for Ctrl-C that was not a clean stop (a second one, or one
+  before training started); its status, 130."""
+  prog = os.path.basename(argv[0]) if argv else "script"
+  sys.stderr.write(
+      f"{prog}: interrupted (Ctrl-C): stopped at once, without a final "
+      "checkpoint; the newest checkpoint in the model dir is complete and a "
+      "rerun resumes from it.\n")
+  sys.stderr.flush()
+  return INTERRUPTED
+
+
 def parser(doc: str) -> Callable[[list], list]:
   """A `flags_parser`: grouped `--help`, else absl's parse; a flag error is
   one line and exit status 2 (absl: 'FATAL Flags parsing error', 1)."""
@@ -165,6 +200,8 @@ def guarded(main: Callable[[list], Optional[int]],
     try:
       check_no_arguments(args)
       return main(args)
+    except KeyboardInterrupt:
+      sys.exit(report_interrupt(argv))
     except Exception as error:  # pylint: disable=broad-except
       sys.exit(report(error, argv))
 

@@ -8,7 +8,7 @@ print last.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 from absl import logging
 import numpy as np
@@ -16,6 +16,7 @@ import tensorflow as tf
 
 # Evaluates one checkpoint path; returns metrics with a "global_step".
 EvaluateFn = Callable[[str], dict]
+REPORT_EVERY_SECS = 60.0  # while waiting for a checkpoint, a line this often.
 
 
 def checkpoints(model_dir: str, timeout_secs: float,
@@ -26,13 +27,55 @@ def checkpoints(model_dir: str, timeout_secs: float,
     FileNotFoundError: `once` and `model_dir` holds no checkpoint.
   """
   if not once:
-    return tf.train.checkpoints_iterator(model_dir, timeout=timeout_secs)
+    return _new_checkpoints(model_dir, timeout_secs)
   latest = tf.train.latest_checkpoint(model_dir)
   if latest is None:
     raise FileNotFoundError(
         f"--model_dir={model_dir} holds no checkpoint; run train.py with the "
         "same --model_dir first.")
   return [latest]
+
+
+def _new_checkpoints(model_dir: str, timeout_secs: float) -> Iterator[str]:
+  """Each new checkpoint, saying at once and every `REPORT_EVERY_SECS`
+  while none has appeared yet that it waits, and for what."""
+  if tf.train.latest_checkpoint(model_dir) is None:
+    logging.warning("--model_dir=%s %s; waiting up to %g s for train.py to "
+                    "write a checkpoint there (misspelt? --timeout_secs "
+                    "sets the wait).", model_dir, _no_run(model_dir),
+                    timeout_secs)
+  waited = _Waited(model_dir, timeout_secs)
+  for checkpoint in tf.train.checkpoints_iterator(
+      model_dir, timeout=min(REPORT_EVERY_SECS, timeout_secs),
+      timeout_fn=waited.report):
+    waited.seen = checkpoint
+    waited.secs = 0.0
+    yield checkpoint
+
+
+def _no_run(model_dir: str) -> str:
+  if not tf.io.gfile.isdir(model_dir):
+    return "does not exist (no run has written there)"
+  return "holds no checkpoint yet (no run has saved there)"
+
+
+class _Waited:
+  """`checkpoints_iterator`'s timeout_fn: logs the wait; True to stop."""
+
+  def __init__(self, model_dir: str, timeout_secs: float):
+    self.model_dir, self.timeout_secs = model_dir, timeout_secs
+    self.secs, self.seen = 0.0, None
+
+  def report(self) -> bool:
+    self.secs += min(REPORT_EVERY_SECS, self.timeout_secs)
+    if self.secs >= self.timeout_secs:
+      return True
+    after = f"after {self.seen}" if self.seen else "(none so far)"
+    log = logging.info if self.seen else logging.warning
+    log("Still waiting for a new checkpoint in %s %s: %.0f s of "
+        "--timeout_secs=%g.", self.model_dir, after, self.secs,
+        self.timeout_secs)
+    return False
 
 
 def evaluate_checkpoints(evaluate_fn: EvaluateFn, model_dir: str,
