@@ -171,6 +171,7 @@ def model_setup(model_dir: str, model: settings_lib.ModelSettings,
                         values["num_classes"], offset)
   size = image_size(values["model_name"], values["dataset_name"],
                     values["image_size"])
+  check_image_size(values["model_name"], size, values["dataset_name"])
   return ModelSetup(values["model_name"], classes, size,
                     values["dataset_name"], values["dataset_dir"], record,
                     offset)
@@ -235,3 +236,29 @@ def epoch_size(data: settings_lib.DataSettings,
   logging.info("An epoch of split %r of %s holds %d examples.", split, name,
                size)
   return size
+
+
+def check_image_size(model_name: str, size: int, dataset_name: str) -> None:
+  """Raises when the net cannot take `size` x `size` images (a net below
+  its default size is built once on a placeholder to find out).
+
+  Raises:
+    ValueError: naming the net, the size, --image_size and the net's
+      default size.
+  """
+  network_fn = nets.get_network_fn(model_name, 2)
+  default = network_fn.default_image_size
+  if size >= default:
+    return
+  channels = datasets.preprocessing(dataset_name)["channels"]
+  with tf.Graph().as_default():
+    try:
+      network_fn(tf.compat.v1.placeholder(tf.float32,
+                                          [1, size, size, channels]))
+    except ValueError as error:
+      reason = str(error).splitlines()[0].split(" for '")[0]
+      raise ValueError(
+          f"--model_name={model_name} does not fit {size}x{size} images of "
+          f"{dataset_name} ({reason}); its default size is {default}: give "
+          f"--image_size={default} (the images are resized), or a net for "
+          "small images such as lenet or cifarnet.") from error

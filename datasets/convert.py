@@ -8,7 +8,10 @@ The output is ``<output_dir>/<split>-0000i-of-0000N.tfrecord`` plus
 Example::
 
   python -m datasets.convert --image_dir photos/ \\
-      --output_dir records/ --num_shards 4 --split train
+      --output_dir records/ --num_shards 4 --validation_percentage 10
+
+writes the `train` split and holds 10% of each class out as the `eval`
+split, which eval.py reads by default.
 """
 
 import os
@@ -163,9 +166,34 @@ def _write_labels(class_names: List[str], output_dir: str) -> None:
   tfrecord.write_label_file(class_names, output_dir)
 
 
+def hold_out(items: Sequence[Item], percentage: float) -> Tuple[List[Item],
+                                                                 List[Item]]:
+  """(kept, held out): `percentage` % of each class's images held out
+  (rounded; at least one when the class has two or more), in order.
+
+  Raises:
+    ValueError: `percentage` outside [0, 100).
+  """
+  if not 0 <= percentage < 100:
+    raise ValueError(f'validation_percentage={percentage:g}: expected a '
+                     'percentage in [0, 100), e.g. 10.')
+  counts, kept, held = {}, [], []
+  for path, label in items:
+    counts.setdefault(label, []).append((path, label))
+  for group in counts.values():
+    size = round(len(group) * percentage / 100)
+    if percentage and len(group) > 1:
+      size = min(max(size, 1), len(group) - 1)
+    held += group[:size]
+    kept += group[size:]
+  return kept, held
+
+
 def convert_image_folder(image_dir: str, output_dir: str, split: str = 'train',
                          num_shards: int = 1, *, shuffle: bool = True,
-                         seed: int = 0, overwrite: bool = False) -> List[str]:
+                         seed: int = 0, overwrite: bool = False,
+                         validation_percentage: float = 0.0,
+                         validation_split: str = 'eval') -> List[str]:
   """Converts a one-subfolder-per-class image folder to sharded records.
 
   Args:
@@ -176,6 +204,10 @@ def convert_image_folder(image_dir: str, output_dir: str, split: str = 'train',
     shuffle: Mix the images across shards (fixed order for a given `seed`).
     seed: Seed of that shuffle.
     overwrite: Replace files of this split already in `output_dir`.
+    validation_percentage: Hold out this percentage of each class's images
+      (as TensorFlow's image-retraining example) into `validation_split`,
+      the split eval.py reads by default; 0: none.
+    validation_split: The held-out split's name.
 
   Returns:
     The paths of the record files written.
@@ -188,12 +220,17 @@ def convert_image_folder(image_dir: str, output_dir: str, split: str = 'train',
                      f'images in {image_dir!r}; use at most {len(items)}.')
   if shuffle:
     random.Random(seed).shuffle(items)
+  items, held = hold_out(items, validation_percentage)
+  splits = [(split, items)] + ([(validation_split, held)] if held else [])
   tf.io.gfile.makedirs(output_dir)
-  _clear_old_shards(output_dir, split, overwrite)
+  for name, _ in splits:
+    _pipeline.check_split_name(name)
+    _clear_old_shards(output_dir, name, overwrite)
   _write_labels(class_names, output_dir)
-  logging.info('Converting %d images of %d classes from %s', len(items),
-               len(class_names), image_dir)
-  return write_shards(items, output_dir, split, num_shards)
+  logging.info('Converting %d images of %d classes from %s', len(items) +
+               len(held), len(class_names), image_dir)
+  return [path for name, chunk in splits for path in write_shards(
+      chunk, output_dir, name, min(num_shards, len(chunk)))]
 
 
 def _define_flags() -> None:
@@ -206,7 +243,15 @@ def _define_flags() -> None:
   flags.DEFINE_integer('seed', 0, 'Seed of the shuffle across shards.')
   flags.DEFINE_bool('shuffle', True, 'Shuffle images across shards.')
   flags.DEFINE_bool('overwrite', False, 'Replace old files of this split.')
+  flags.DEFINE_float('validation_percentage', 0.0, 'Hold out this percentage '
+                     'of each class (e.g. 10) as the eval split, which '
+                     'eval.py reads by default.')
+  flags.DEFINE_string('validation_split', 'eval', 'The held-out split.')
   flags.mark_flags_as_required(['image_dir', 'output_dir'])
+
+
+def _expand(path: str) -> str:
+  return os.path.expanduser(os.path.expandvars(path))
 
 
 def main(argv: Sequence[str]) -> None:
@@ -215,9 +260,11 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f'Unexpected arguments: {list(argv[1:])}')
   f = flags.FLAGS
-  paths = convert_image_folder(f.image_dir, f.output_dir, f.split,
-                               f.num_shards, shuffle=f.shuffle, seed=f.seed,
-                               overwrite=f.overwrite)
+  paths = convert_image_folder(
+      _expand(f.image_dir), _expand(f.output_dir), f.split, f.num_shards,
+      shuffle=f.shuffle, seed=f.seed, overwrite=f.overwrite,
+      validation_percentage=f.validation_percentage,
+      validation_split=f.validation_split)
   logging.info('Done: %d shard(s) in %s', len(paths), f.output_dir)
 
 

@@ -87,8 +87,9 @@ def _no_records_error(data_dir: str, split: str) -> FileNotFoundError:
       f'No TFRecord files for split {split!r} in data_dir {data_dir!r}: '
       f'nothing matches {shard_pattern(data_dir, split)!r}. Write them with '
       f'`python -m datasets.convert --image_dir DIR '
-      f'--output_dir {data_dir} --split {split}`, or point data_dir at the '
-      'folder that holds them.')
+      f'--output_dir {data_dir} --split {split}` (or hold out part of the '
+      'training images as the eval split: `--validation_percentage 10`), '
+      'or point data_dir at the folder that holds them.')
 
 
 def _int64(value: int) -> tf.train.Feature:
