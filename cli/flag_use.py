@@ -90,7 +90,7 @@ USES = (
         "CPUs", fix="drop --virtual_cpus"),
     Use("moving_average_decay", (TRAIN,), needs="by train.py (it keeps the "
         "averages)", state="{script} uses a checkpoint's averages when it "
-        "has them", fix="use --use_ema_weights / --nouse_ema_weights"),
+        "has them (--nouse_ema_weights: the raw weights)"),
     Use("random_seed", (TRAIN,), needs="by train.py",
         state="{script} draws no random numbers"),
     Use("max_steps", (TRAIN, EVAL), lambda values: (

@@ -4,7 +4,9 @@ Each function takes the row's folder and writes into it (records under
 `<folder>/data`, a model dir under `<folder>/model`).
 """
 
+import json
 import os
+import socket
 
 import numpy as np
 import tensorflow as tf
@@ -85,3 +87,11 @@ def garbled_run_config(tmp):
 
 def empty_model_dir(tmp):
   os.makedirs(f"{tmp}/model")
+
+
+def live_lock(tmp):
+  """A model dir whose lock names a live process (this one's parent)."""
+  os.makedirs(f"{tmp}/model")
+  with open(f"{tmp}/model/train.lock", "w") as f:
+    json.dump({"host": socket.gethostname(), "pid": os.getppid(),
+               "job": None, "started": "earlier"}, f)

@@ -234,6 +234,42 @@ MISTAKES = [
     row("export_without_checkpoint", "export",
         ["--model_dir={tmp}/model", "--export_dir={tmp}/e"],
         r"--model_dir=.*/model holds no checkpoint", setup=bad.empty_model_dir),
+    # Issue 26: nothing ignored (cli/flag_use.py), nothing too large.
+    row("dataset_dir_without_tfrecord", "train", ["--dataset_dir=/tmp/flowers"],
+        r"--dataset_dir=/tmp/flowers is used only with --dataset_name="
+        r"tfrecord, and this run reads --dataset_name=digits, so it would be "
+        r"ignored; add --dataset_name=tfrecord, or drop --dataset_dir\.$"),
+    row("eval_timeout_with_once", "eval", ["--model_dir={trained}", "--once",
+                                           "--timeout_secs=5"],
+        r"--timeout_secs=5 is used only by continuous evaluation .*drop "
+        r"--timeout_secs"),
+    row("export_batch_size", "export", ["--model_dir={trained}",
+                                        "--export_dir={tmp}/e",
+                                        "--batch_size=8"],
+        r"--batch_size=8 is used only by train.py and eval.py, and export.py "
+        r"reads no data"),
+    row("export_towers", "export", ["--model_dir={trained}",
+                                    "--export_dir={tmp}/e", "--virtual_cpus=4"],
+        r"--virtual_cpus=4 is used only by train.py and eval.py"),
+    row("eval_moving_average_decay", "eval", ["--model_dir={trained}",
+                                              "--once",
+                                              "--moving_average_decay=0.9"],
+        r"--moving_average_decay=0.9 is used only by train.py .*"
+        r"--nouse_ema_weights"),
+    row("cluster_flag_on_a_local_run", "train", ["--ps_wait_secs=10"],
+        r"--ps_wait_secs=10 is used only on a cluster .* this is a local run"),
+    row("task_index_without_job_name", "train", ["--task_index=1"],
+        r"--task_index=1 is used only with --job_name"),
+    row("batch_larger_than_the_split", "train", ["--batch_size=1000000"],
+        r"--batch_size=1000000 is larger than the 1437 examples of split "
+        r"'train' of digits.*give --batch_size=1437 or less"),
+    row("net_larger_than_the_images", "train", ["--model_name=alexnet_v2"],
+        r"--model_name=alexnet_v2 does not fit 8x8 images of digits "
+        r"\(Negative dimension size .*\); its default size is 224: give "
+        r"--image_size=224"),
+    row("model_dir_written_by_a_live_run", "train", ["--model_dir={tmp}/model"],
+        r"--model_dir=.*/model is being written by another training, PID "
+        r"\d+ on host .*give another --model_dir", setup=bad.live_lock),
     # At run time (status 1).
     row("loss_diverges", "train",
         ["--model_name=mlp", "--optimizer=sgd", "--learning_rate=1e12",
@@ -243,7 +279,8 @@ MISTAKES = [
         status=1),
 ]
 SUBPROCESS_IDS = ("batch_size_zero", "corrupt_record_file",
-                  "export_other_classes_than_checkpoint", "loss_diverges")
+                  "export_other_classes_than_checkpoint", "loss_diverges",
+                  "dataset_dir_without_tfrecord", "net_larger_than_the_images")
 
 
 def the_error_line(stderr: str, script: str) -> str:
