@@ -108,3 +108,38 @@ def test_the_model_fns_own_moving_average(num_towers, variable_update,
   assert sorted(n for n in many if "ExponentialMovingAverage" in n) == sorted(
       shadows)
   assert_same(one, many)
+
+
+BATCH_NORMS = {
+    "keras": lambda h, training: tf.keras.layers.BatchNormalization()(
+        h, training=training),
+    "tf1_layers": lambda h, training: tf1.layers.batch_normalization(
+        h, training=training),
+    "slim": lambda h, training: __import__("tf_slim").batch_norm(
+        h, is_training=training),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH_NORMS))
+def test_batch_norm_without_sync_warns_once(kind, session_config,
+                                            monkeypatch):
+  from estimator_multigpu.cross_tower import layers  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(layers, "_WARNED", set())
+  warnings = []
+  monkeypatch.setattr(layers.logging, "warning",
+                      lambda msg, *args: warnings.append(msg % args))
+
+  def model_fn(features, labels, mode):
+    h = BATCH_NORMS[kind](two_layers(features), mode == "train")
+    loss = tf1.losses.mean_squared_error(labels, h)
+    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss,
+        train_op=opt.minimize(loss, tf1.train.get_global_step()))
+
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    harness.call(emg.multi_gpu(model_fn, devices=harness.cpu_devices(3)),
+                 tf.constant(X), tf.constant(Y), "train", session_config)
+  assert len(warnings) == 1
+  assert "sync_batch_norm=True" in warnings[0] and "3 towers" in warnings[0]
