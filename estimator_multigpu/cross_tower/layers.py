@@ -50,18 +50,15 @@ _DEPTH = [0]  # open scopes; the patches are installed while > 0.
 _KERAS_BATCH_NORM = "keras.src.layers.normalization.batch_normalization"
 
 
-def scope_factory(devices, timeout: float = collectives.TIMEOUT_SECONDS):
-  """The `towers.build_towers` scope factory for towers on `devices`.
-
-  Args:
-    devices: every tower's device, in tower order (the collective group).
-    timeout: seconds a collective waits for the other towers.
+def scope_factory(group: collectives.Group):
+  """The `towers.build_towers` scope factory for towers of `group`.
 
   Returns:
-    `tower -> context manager` synchronizing that tower's batch norm.
+    `tower -> context manager` synchronizing that tower's batch norm (tower
+    i of this graph is `group.first_local + i`).
   """
-  group = collectives.Group(tuple(devices), timeout)
-  return lambda tower: tower_scope(tower.index, group, tower.loss_weight)
+  return lambda tower: tower_scope(group.first_local + tower.index, group,
+                                   tower.loss_weight)
 
 
 @contextlib.contextmanager
@@ -77,7 +74,7 @@ def tower_scope(tower_index: int, group: collectives.Group,
   """
   with moments.tower_context(tower_index, group, loss_weight), _patched():
     yield
-  if tower_index == group.num_towers - 1:
+  if tower_index == group.last_local:
     collectives.check_complete()
 
 

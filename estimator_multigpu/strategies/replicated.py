@@ -165,7 +165,8 @@ class ReplicatedVariables(shared.SharedVariables):
         summed = allreduce.all_reduce(
             tower_grads, variables, [tower.device for tower in towers],
             self.plan.all_reduce, self.plan.gradient_packing_bytes,
-            self.plan.aggregation_device)
+            self.plan.aggregation_device,
+            len(self.plan.collective_devices))
       updates += [base.Update(position, calls[0], tower, tower.device,
                               list(zip(grads, variables)))
                   for tower, grads in zip(towers, summed)]
