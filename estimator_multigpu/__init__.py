@@ -32,6 +32,7 @@ _PUBLIC = {
     "cross_tower_concat": "cross_tower.tools",
     "check_towers": "check",
     "TowerCheck": "check",
+    "train_and_evaluate": "cluster.all_reduce_training",
 }
 _PUBLIC_MODULES = ("devices", "cluster")
 

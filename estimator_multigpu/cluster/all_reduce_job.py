@@ -96,8 +96,9 @@ class AllReduceCluster:
 
   def task_group(self, device: str) -> collectives.Group:
     """One member per task, on `device` of each (its first tower)."""
-    return collectives.Group(tuple(self.qualify(device, p)
-                                   for p in range(len(self.tasks))))
+    return collectives.Group(
+        tuple(self.qualify(device, p) for p in range(len(self.tasks))),
+        first_local=self.position, local_towers=1)
 
 
 def server_config(cluster: AllReduceCluster,

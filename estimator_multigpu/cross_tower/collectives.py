@@ -143,11 +143,12 @@ def check_complete(graph: Optional[tf.Graph] = None) -> None:
     details = ", ".join(f"key {key}: {count} of {expected} towers"
                         for key, (count, expected) in sorted(short.items()))
     raise ValueError(
-        "Synchronized batch norm: the towers built different cross-tower "
-        f"reductions ({details}); a step would wait forever for the missing "
-        "towers. Every tower must build the same batch-norm layers in "
-        "training mode, in the same order, and compute gradients through "
-        "them the same way.")
+        "The towers built different cross-tower reductions "
+        f"({details}); a step would wait forever for the missing towers. "
+        "Every tower must build the same batch-norm layers in training mode "
+        "(synchronized batch norm) and make the same global_ratio, "
+        "cross_tower_sum and cross_tower_concat calls, in the same order, and "
+        "compute gradients through them the same way.")
 
 
 def all_reduce_sum(value: tf.Tensor, group: Group, tower_index: int,

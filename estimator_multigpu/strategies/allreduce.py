@@ -210,7 +210,7 @@ def _unpack(summed: list, columns: list, devices) -> list:
 
 
 def _sum_dense(tensors: list, collectives, aggregation_device, devices):
-  if len(tensors) == 1:
+  if len(tensors) == 1 and collectives is None:
     return tensors
   if collectives is not None and tensors[0].dtype in _COLLECTIVE_DTYPES:
     return collectives.sum(tensors)
@@ -222,7 +222,7 @@ def _sum_dense(tensors: list, collectives, aggregation_device, devices):
 def _sum_sparse(slices: list, collectives, aggregation_device,
                 devices) -> list:
   """Every tower's values and indices, concatenated in rank order."""
-  if len(slices) == 1:
+  if len(slices) == 1 and collectives is None:
     return slices
   if collectives is None or slices[0].values.dtype not in _COLLECTIVE_DTYPES:
     with tf.device(aggregation_device or devices[0]):
