@@ -67,7 +67,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       lambda tower, shard: _call_tower(model_fn, precision, shard, mode,
                                        params, config),
       plan, split.shards, strategy,
-      loss_weights=[split.loss_weight(i, options.loss_reduction, examples)
+      loss_weights=[split.loss_weight(i, _gradient_weights(options, mode),
+                                      examples)
                     for i in range(plan.num_towers)],
       tower_scopes=[empty_shards.scope_factory(split)] +
       ([precision.tower_scope] if precision else []) +
@@ -76,10 +77,22 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
     spec = specs_lib.merge_specs(towers, mode)
   else:
     spec = _train_spec(towers, strategy, options, examples, scaling, config)
+    if options.synchronization == "async":  # the loss of the global batch.
+      spec = spec._replace(loss=specs_lib.combine_losses(towers, [
+          split.loss_weight(i, options.loss_reduction, examples)
+          for i in range(plan.num_towers)]))
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
   spec = _with_ema(spec, mode, options, plan.aggregation_device, config,
                    applied=scaling.should_apply if scaling else None)
   return _across_tasks(spec, cluster, plan)
+
+
+def _gradient_weights(options: Options, mode: str) -> str:
+  """How towers' gradients are weighted: by their share of the examples;
+  asynchronous towers each apply their own (mean-loss) gradient whole."""
+  if options.synchronization == "async" and mode == ModeKeys.TRAIN:
+    return "sum"
+  return options.loss_reduction
 
 
 def _all_reduce_cluster(options: Options, mode: str, config):
@@ -102,6 +115,7 @@ def _make_plan(options: Options, config, cluster) -> plan_lib.Plan:
       getattr(config, "session_config", None), options.variable_update,
       all_reduce=options.all_reduce,
       gradient_packing_bytes=options.gradient_packing_bytes)
+  plan = dataclasses.replace(plan, synchronization=options.synchronization)
   if cluster is None:
     return plan
   return dataclasses.replace(

@@ -31,6 +31,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               accumulate_steps: int = 1,
               mixed_precision: Optional[str] = None,
               sync_batch_norm: bool = False,
+              synchronization: str = "sync",
               ps_device: Optional[str] = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
@@ -197,6 +198,16 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       only some of them fails after `collectives.TIMEOUT_SECONDS`. EVAL,
       PREDICT and export are unchanged (moving statistics, no collectives).
       Custom normalization code can call `cross_tower_moments`.
+    synchronization: "sync" (default): the towers' gradients are combined
+      into one update per step. "async" (tensorpack's
+      `AsyncMultiGPUTrainer`): every tower applies its own gradient (of
+      its own mean loss, not averaged) to the shared variables as soon as
+      it has it; within a step the applies run one after another in tower
+      order, so no update is lost, and a tower may read the weights before
+      or after another tower's update. `global_step` moves once per step.
+      With plain SGD and gradients taken at the step's weights, a step is
+      w - lr·Σᵢ gᵢ. Not with "replicated", accumulation, sync batch norm or
+      float16.
     unsplit_features: keys of the features dict that are not batch-major
       (a vocabulary, a lookup table): every tower gets them whole.
     ps_device: the old name of `aggregation_device` (warns once).
@@ -219,7 +230,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       accumulate_steps=accumulate_steps, mixed_precision=mixed_precision,
       aggregation_device=options_lib.aggregation_device_option(
           aggregation_device, ps_device),
-      sync_batch_norm=sync_batch_norm)
+      sync_batch_norm=sync_batch_norm, synchronization=synchronization)
   if model_fn is None:
     return lambda fn: _wrap(fn, options)
   return _wrap(model_fn, options)

@@ -60,6 +60,7 @@ class Plan:
     group_devices: every tower of the collective group, when it spans other
       tasks too (an all-reduce cluster); None: this graph's towers.
     first_tower: the place of this graph's tower 0 in `group_devices`.
+    synchronization: "sync" or "async" (`strategies.asynchronous`).
   """
   groups: list
   variable_device: Optional[str]
@@ -69,6 +70,7 @@ class Plan:
   gradient_packing_bytes: int = 0
   group_devices: Optional[list] = None
   first_tower: int = 0
+  synchronization: str = "sync"
 
   @property
   def collective_devices(self) -> list:
