@@ -47,6 +47,8 @@ def parse(argv):
   parser.add_argument("--model_dir", required=True)
   parser.add_argument("--steps", type=int, default=3)
   parser.add_argument("--peer_timeout_secs", type=float, default=120.0)
+  parser.add_argument("--accumulate_steps", type=int, default=1)
+  parser.add_argument("--ema_decay", type=float, default=None)
   return parser.parse_args(argv)
 
 
@@ -60,7 +62,9 @@ def main(argv):
       save_checkpoints_steps=args.steps, log_step_count_steps=1)
   fn = emg.multi_gpu(model_fn, devices=[f"/cpu:{i}" for i in
                                         range(args.towers)],
-                     variable_update="replicated")
+                     variable_update="replicated",
+                     accumulate_steps=args.accumulate_steps,
+                     ema_decay=args.ema_decay)
   input_fn = lambda: tf.data.Dataset.from_tensors(  # noqa: E731
       (x[start:end], y[start:end])).repeat()
   emg.train_and_evaluate(

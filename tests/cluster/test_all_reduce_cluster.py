@@ -57,19 +57,31 @@ def wait_all(tasks, timeout=240):
   return {name: process.returncode for name, process, _ in tasks}
 
 
-def one_device(steps, initial_checkpoint):
-  """The unwrapped model_fn on all 7 rows, from the chief's start."""
+def one_device(steps, initial_checkpoint, trajectory=None):
+  """The unwrapped model_fn on all 7 rows, from the chief's start (its
+  variables after each step are appended to `trajectory`)."""
   x, y = all_reduce_task.data()
   with tf.Graph().as_default():
     tf1.train.get_or_create_global_step()
     spec = all_reduce_task.model_fn(tf.constant(x), tf.constant(y), "train")
     variables = tf1.global_variables()
+    names = [v.op.name for v in variables]
     with tf1.Session() as session:
-      tf1.train.Saver().restore(session, initial_checkpoint)
+      tf1.train.Saver(variables).restore(session, initial_checkpoint)
       for _ in range(steps):
         session.run(spec.train_op)
-      return dict(zip([v.op.name for v in variables],
-                      session.run(variables)))
+        if trajectory is not None:
+          trajectory.append(dict(zip(names, session.run(variables))))
+      return dict(zip(names, session.run(variables)))
+
+
+def moving_average(initial, trajectory, name, decay):
+  """numpy: the wrapper's EMA, decay_t = min(decay, (1 + t) / (10 + t))."""
+  shadow = initial
+  for t, values in enumerate(trajectory, start=1):
+    decay_t = min(decay, (1.0 + t) / (10.0 + t))
+    shadow = decay_t * shadow + (1.0 - decay_t) * values[name]
+  return shadow
 
 
 @pytest.mark.parametrize("rows,towers", [
@@ -89,6 +101,28 @@ def test_all_reduce_job_equals_one_device(tmp_path, rows, towers):
                                err_msg=name)
   assert reader.get_tensor("global_step") == steps
   assert not os.path.exists(tmp_path / "worker0" / "checkpoint")
+
+
+def test_accumulation_and_ema_across_machines(tmp_path):
+  """accumulate_steps=2 reads each task's (repeated) batch twice per update,
+  which equals one step on it; every task keeps the same EMA."""
+  steps = 3
+  codes = wait_all(start_job(tmp_path, ["0:4", "4:7"], 2, steps,
+                             accumulate_steps=2, ema_decay=0.5))
+  assert set(codes.values()) == {0}, codes
+  chief = str(tmp_path / "chief0")
+  trajectory = []
+  expected = one_device(steps, f"{chief}/model.ckpt-0", trajectory)
+  reader = tf.train.load_checkpoint(chief)
+  initial = tf.train.load_checkpoint(f"{chief}/model.ckpt-0")
+  for name, value in expected.items():
+    np.testing.assert_allclose(reader.get_tensor(name), value, atol=1e-5,
+                               err_msg=name)
+  for name in ("hidden/kernel", "out/bias"):
+    shadow = f"{name}/ExponentialMovingAverage"
+    want = moving_average(initial.get_tensor(shadow), trajectory, name, 0.5)
+    np.testing.assert_allclose(reader.get_tensor(shadow), want, atol=1e-5,
+                               err_msg=shadow)
 
 
 def test_a_dead_worker_ends_the_job_within_the_peer_timeout(tmp_path):
