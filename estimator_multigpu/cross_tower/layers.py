@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
 from typing import Any
 
 from absl import logging
@@ -42,11 +41,10 @@ import tensorflow as tf
 from estimator_multigpu.cross_tower import collectives
 from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.cross_tower import moments
+from estimator_multigpu.cross_tower import patching
 
 tf1 = tf.compat.v1
 _WARNED: set = set()
-_LOCK = threading.RLock()
-_DEPTH = [0]  # open scopes; the patches are installed while > 0.
 _KERAS_BATCH_NORM = "keras.src.layers.normalization.batch_normalization"
 
 
@@ -102,21 +100,6 @@ def _per_tower(training: Any = True) -> None:
       "--sync_batch_norm) for one device's numbers.", context.group.num_towers)
 
 
-@contextlib.contextmanager
-def _patched():
-  with _LOCK:
-    _DEPTH[0] += 1
-    if _DEPTH[0] == 1:
-      _install()
-  try:
-    yield
-  finally:
-    with _LOCK:
-      _DEPTH[0] -= 1
-      if _DEPTH[0] == 0:
-        _uninstall()
-
-
 def _install() -> None:
   base = _keras_batch_norm_base()
   for name, wrap in (("_moments", _keras_moments),
@@ -140,9 +123,13 @@ def _keras_batch_norm_base() -> type:
   return importlib.import_module(_KERAS_BATCH_NORM).BatchNormalizationBase
 
 
+_PATCH = patching.Patch(_install, _uninstall)
+_patched = _PATCH.scope
+
+
 def is_installed() -> bool:
   """Whether the layer interception is in place (a scope is open)."""
-  return _DEPTH[0] > 0
+  return _PATCH.installed
 
 
 def _slim_layers():
