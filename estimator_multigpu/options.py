@@ -37,6 +37,7 @@ class Options:
   accumulate_steps: int = 1
   mixed_precision: Optional[str] = None
   sync_batch_norm: bool = False
+  synchronization: str = "sync"
 
   @property
   def needs_towers(self) -> bool:
@@ -73,7 +74,8 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
                   clip_gradients_by_norm, use_ema_weights,
                   variable_update, unsplit_features=(), all_reduce=None,
                   gradient_packing_bytes=None, accumulate_steps=1,
-                  mixed_precision=None, sync_batch_norm=False) -> Options:
+                  mixed_precision=None, sync_batch_norm=False,
+                  synchronization="sync") -> Options:
   """Validates the decorator's options; messages say how to fix them.
 
   Raises:
@@ -110,7 +112,43 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
       accumulate_steps=accumulation.check_steps(accumulate_steps),
       mixed_precision=precision.check_mixed_precision(
           mixed_precision),
-      sync_batch_norm=sync_batch_norm)
+      sync_batch_norm=sync_batch_norm,
+      synchronization=_check_synchronization(
+          synchronization, variable_update, accumulate_steps,
+          sync_batch_norm, mixed_precision))
+
+
+SYNCHRONIZATIONS = ("sync", "async")
+
+
+def _check_synchronization(synchronization, variable_update,
+                           accumulate_steps, sync_batch_norm,
+                           mixed_precision) -> str:
+  """"async" needs one shared copy and towers that do not wait for each
+  other."""
+  if synchronization not in SYNCHRONIZATIONS:
+    raise ValueError(
+        f"`synchronization` is {synchronization!r}; expected 'sync' (the "
+        "towers' gradients are combined into one update) or 'async' (every "
+        "tower applies its own gradient).")
+  if synchronization == "sync":
+    return synchronization
+  clashes = [(variable_update == "replicated",
+              "variable_update='replicated' (copies kept equal by one "
+              "all-reduced update)"),
+             (accumulate_steps != 1, f"accumulate_steps={accumulate_steps} "
+              "(one update from several batches)"),
+             (sync_batch_norm, "sync_batch_norm=True (towers that wait for "
+              "each other's moments)"),
+             (mixed_precision == "float16", "mixed_precision='float16' (one "
+              "loss-scale decision for every tower)")]
+  for clash, what in clashes:
+    if clash:
+      raise ValueError(
+          f"synchronization='async' was given with {what}; with 'async' "
+          "every tower applies its own gradient to the shared variables, "
+          "without waiting for the others. Drop one of the two.")
+  return synchronization
 
 
 def _feature_keys(keys) -> tuple:

@@ -9,6 +9,7 @@ the towers' specs and adds the EMA.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import tensorflow as tf
@@ -23,6 +24,8 @@ from estimator_multigpu.build import precision as precision_lib
 from estimator_multigpu.build import specs as specs_lib
 from estimator_multigpu.build import splitting
 from estimator_multigpu.build import towers as towers_lib
+from estimator_multigpu.cluster import all_reduce_job
+from estimator_multigpu.cross_tower import collectives
 from estimator_multigpu.cross_tower import context
 from estimator_multigpu.cross_tower import layers as sync_batch_norm
 from estimator_multigpu.cross_tower import losses
@@ -42,12 +45,9 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
     spec = calling.call_model_fn(model_fn, features, labels, mode, params,
                                  config)
     return _with_ema(spec, mode, options, None, config)
-  plan = plan_lib.make_plan(options.groups, options.aggregation_device,
-                            getattr(config, "session_config", None),
-                            options.variable_update,
-                            all_reduce=options.all_reduce,
-                            gradient_packing_bytes=options.gradient_packing_bytes)
-  if plan.num_towers == 1 and not options.needs_towers:
+  cluster = _all_reduce_cluster(options, mode, config)
+  plan = _make_plan(options, config, cluster)
+  if plan.num_towers == 1 and not options.needs_towers and cluster is None:
     with tf.device(plan.devices[0]):
       spec = calling.call_model_fn(model_fn, features, labels, mode, params,
                                    config)
@@ -57,8 +57,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       features, labels, plan.num_towers, unsplit=options.unsplit_features,
       require_examples=mode in (ModeKeys.TRAIN, ModeKeys.EVAL))
   plan_lib.log_plan(plan, split, mode)
-  if mode == ModeKeys.TRAIN and options.variable_update == "replicated":
-    _check_no_parameter_servers(config)
+  examples = _global_examples(split, cluster, plan)
   strategy = strategies.make_strategy(plan, mode)
   scaling = _loss_scaling(options, mode, plan.aggregation_device)
   precision = (precision_lib.Precision(
@@ -68,7 +67,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       lambda tower, shard: _call_tower(model_fn, precision, shard, mode,
                                        params, config),
       plan, split.shards, strategy,
-      loss_weights=[split.loss_weight(i, options.loss_reduction)
+      loss_weights=[split.loss_weight(i, _gradient_weights(options, mode),
+                                      examples)
                     for i in range(plan.num_towers)],
       tower_scopes=[empty_shards.scope_factory(split)] +
       ([precision.tower_scope] if precision else []) +
@@ -76,10 +76,75 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   if mode != ModeKeys.TRAIN:
     spec = specs_lib.merge_specs(towers, mode)
   else:
-    spec = _train_spec(towers, strategy, options, split, scaling, config)
+    spec = _train_spec(towers, strategy, options, examples, scaling, config)
+    if options.synchronization == "async":  # the loss of the global batch.
+      spec = spec._replace(loss=specs_lib.combine_losses(towers, [
+          split.loss_weight(i, options.loss_reduction, examples)
+          for i in range(plan.num_towers)]))
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
-  return _with_ema(spec, mode, options, plan.aggregation_device, config,
+  spec = _with_ema(spec, mode, options, plan.aggregation_device, config,
                    applied=scaling.should_apply if scaling else None)
+  return _across_tasks(spec, cluster, plan)
+
+
+def _gradient_weights(options: Options, mode: str) -> str:
+  """How towers' gradients are weighted: by their share of the examples;
+  asynchronous towers each apply their own (mean-loss) gradient whole."""
+  if options.synchronization == "async" and mode == ModeKeys.TRAIN:
+    return "sum"
+  return options.loss_reduction
+
+
+def _all_reduce_cluster(options: Options, mode: str, config):
+  """The all-reduce cluster this TRAIN graph is one task of, or None."""
+  if mode != ModeKeys.TRAIN:
+    return None
+  if options.variable_update == "replicated":
+    _check_no_parameter_servers(config)
+  cluster = all_reduce_job.AllReduceCluster.from_run_config(config)
+  if cluster is not None:
+    _check_all_reduce_options(options, cluster)
+  return cluster
+
+
+def _make_plan(options: Options, config, cluster) -> plan_lib.Plan:
+  """The plan; in an all-reduce cluster, on this task's devices, in a
+  collective group of every task's towers."""
+  plan = plan_lib.make_plan(
+      options.groups, options.aggregation_device,
+      getattr(config, "session_config", None), options.variable_update,
+      all_reduce=options.all_reduce,
+      gradient_packing_bytes=options.gradient_packing_bytes)
+  plan = dataclasses.replace(plan, synchronization=options.synchronization)
+  if cluster is None:
+    return plan
+  return dataclasses.replace(
+      plan, groups=[[cluster.qualify(d) for d in g] for g in plan.groups],
+      variable_device=cluster.qualify(plan.variable_device or plan.devices[0]),
+      aggregation_device=cluster.qualify(plan.aggregation_device),
+      group_devices=cluster.group_devices(plan.devices),
+      first_tower=cluster.position * plan.num_towers)
+
+
+def _global_examples(split, cluster, plan):
+  """The global batch's examples: this graph's, or Σ over the tasks."""
+  if cluster is None:
+    return split.global_batch_size
+  with tf.device(plan.aggregation_device), tf.name_scope("global_batch"):
+    return all_reduce_job.sum_over_tasks(
+        tf.cast(split.global_batch_size, tf.float32), cluster,
+        plan.devices[0])
+
+
+def _across_tasks(spec, cluster, plan):
+  """In an all-reduce cluster: the loss of every task's batch, and every
+  task starting from the chief's variables."""
+  if cluster is None:
+    return spec
+  with tf.device(plan.aggregation_device), tf.name_scope("global_loss"):
+    loss = all_reduce_job.sum_over_tasks(spec.loss, cluster, plan.devices[0])
+  return spec._replace(loss=loss, scaffold=all_reduce_job.broadcast_scaffold(
+      spec.scaffold, cluster, plan.devices[0]))
 
 
 def _loss_scaling(options: Options, mode: str,
@@ -102,7 +167,7 @@ def _call_tower(model_fn, precision, shard, mode, params, config):
   return precision.finish(spec)
 
 
-def _train_spec(towers: list, strategy, options: Options, split, scaling,
+def _train_spec(towers: list, strategy, options: Options, examples, scaling,
                 config) -> tf.estimator.EstimatorSpec:
   """The TRAIN spec: the update chain's train_op, loss and hooks."""
   _check_tower_optimizer(towers)
@@ -110,13 +175,25 @@ def _train_spec(towers: list, strategy, options: Options, split, scaling,
       strategy, device=strategy.plan.aggregation_device,
       accumulate_steps=options.accumulate_steps,
       loss_reduction=options.loss_reduction,
-      global_batch_size=split.global_batch_size, loss_scaling=scaling,
+      global_batch_size=examples, loss_scaling=scaling,
       clip_norm=options.clip_gradients_by_norm)
   apply_ops = chain.build(towers)
+  if options.accumulate_steps == 1:
+    _after_the_update(towers[0], apply_ops)
   specs_lib.summarize_tower_losses(towers)
   spec = specs_lib.merge_specs(
       towers, ModeKeys.TRAIN, specs_lib.merged_train_op(towers, apply_ops))
   return chain.finish_spec(spec, towers, getattr(config, "model_dir", None))
+
+
+def _after_the_update(tower, apply_ops: list) -> None:
+  """What tower 0's model_fn put under the control of its optimizer call
+  (its own `ExponentialMovingAverage.apply`, a step counter) runs after the
+  combined update, as on one device. (With accumulation tower 0's train_op
+  runs for every micro-batch, so it cannot wait for the update.)"""
+  ops = [op if isinstance(op, tf.Operation) else op.op for op in apply_ops]
+  for call in tower.optimizer_calls:
+    call.recorded._add_control_inputs(ops)  # pylint: disable=protected-access
 
 
 def _check_tower_optimizer(towers: list) -> None:
@@ -129,6 +206,19 @@ def _check_tower_optimizer(towers: list) -> None:
         "tf_slim.optimize_loss, pass optimizer=lambda lr: "
         "TowerOptimizer(tf.compat.v1.train.GradientDescentOptimizer(lr)) "
         "(or another optimizer) instead of a name such as 'SGD'.")
+
+
+def _check_all_reduce_options(options: Options, cluster) -> None:
+  """What an all-reduce cluster needs of the options."""
+  if options.variable_update != "replicated" or options.all_reduce != (
+      "collective"):
+    raise ValueError(
+        f"The cluster ({', '.join(cluster.cluster)} tasks, no ps) trains by "
+        "all-reducing between its tasks, which needs variable_update="
+        "'replicated' with all_reduce='collective'; got variable_update="
+        f"{options.variable_update!r}, all_reduce={options.all_reduce!r}. "
+        "Pass variable_update='replicated' (train.py --variable_update="
+        "replicated), or add ps tasks for variable_update='shared'.")
 
 
 def _check_no_parameter_servers(config) -> None:
@@ -146,14 +236,17 @@ def _cross_tower_scopes(plan, split, mode, options: Options) -> list:
   &co.), `tf.compat.v1.losses` over the global batch (TRAIN, EVAL) and
   batch norm over the global batch (TRAIN with `sync_batch_norm`), or a
   warning that it is per tower (TRAIN without)."""
-  if plan.num_towers == 1:
+  if len(plan.collective_devices) == 1:
     return []
-  scopes = [context.scope_factory(plan.devices, split.sizes,
+  group = collectives.Group(
+      tuple(plan.collective_devices), first_local=plan.first_tower,
+      local_towers=plan.num_towers if plan.group_devices else 0)
+  scopes = [context.scope_factory(group, split.sizes,
                                   options.loss_reduction == "mean")]
   if mode in (ModeKeys.TRAIN, ModeKeys.EVAL):
     scopes.append(losses.loss_scope)
   if mode == ModeKeys.TRAIN:
-    scopes.append(sync_batch_norm.scope_factory(plan.devices)
+    scopes.append(sync_batch_norm.scope_factory(group)
                   if options.sync_batch_norm else
                   sync_batch_norm.per_tower_scope)
   return scopes

@@ -31,6 +31,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               accumulate_steps: int = 1,
               mixed_precision: Optional[str] = None,
               sync_batch_norm: bool = False,
+              synchronization: str = "sync",
               ps_device: Optional[str] = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
@@ -54,7 +55,13 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     2. With `loss_reduction="mean"` (default) the loss must be a mean over
        the tower's examples, plus any batch-independent terms such as weight
        decay; with `"sum"` it must be a sum over them (a batch-independent
-       term would then be counted once per tower).
+       term would then be counted once per tower). `tf.compat.v1.losses`
+       terms are exact under every reduction, weights and masks included
+       (each becomes its tower's share of its global normalizer). A loss you
+       divide by a count of the batch (tokens, matches) divides with
+       `global_ratio`; a loss in which examples see each other (in-batch
+       negatives) gathers them with `cross_tower_concat`. `check_towers`
+       tells whether a model_fn follows this rule.
     3. Create the same variables in every tower, unconditionally. Variables
        get exactly the unwrapped names; towers 1.. reuse them, whether made
        by `tf.compat.v1.get_variable`, tf-slim, `tf.compat.v1.layers`, Keras
@@ -66,13 +73,16 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
        1..; compute gradients with `tf.gradients` outside a
        `tf.control_dependencies(update_ops)` block, or towers 1..'s updates
        would run too). Tower 0 gets an example whenever the batch has one,
-       so the moving averages never come from an empty shard. The combined
-       update runs with tower 0's train_op; other control dependencies on
-       the returned train_op are not ordered after it.
+       so the moving averages never come from an empty shard. What tower 0
+       puts under the control of its optimizer call (its own
+       `ExponentialMovingAverage.apply`) runs after the combined update
+       (with `accumulate_steps=1`).
     5. Gradient clipping written inside the `model_fn` (BERT's
-       `tf.clip_by_global_norm`) clips each tower's own gradient before the
-       towers are combined, and warns once; for the single-device clip of
-       the combined gradient remove it and pass `clip_gradients_by_norm`.
+       `tf.clip_by_global_norm`, `tf.clip_by_norm`, `tf.clip_by_value`, by
+       any name) clips each tower's own gradient before the towers are
+       combined; it is found from the graph's structure and warned about
+       once. For the single-device clip of the combined gradient remove it
+       and pass `clip_gradients_by_norm`.
     6. Streaming metrics must have additive state (totals, counts, confusion
        counts: every `tf.compat.v1.metrics` function qualifies).
     7. Inputs: every feature and label is cut along axis 0, except the
@@ -106,7 +116,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   (see `estimator_multigpu.build.ema`), and EVAL, PREDICT and export use them.
 
   Gradient accumulation (`accumulate_steps=k`, `estimator_multigpu.
-  accumulation`): each training step reads k consecutive batches from
+  update.accumulation`): each training step reads k consecutive batches from
   `input_fn`, runs each through the towers, sums their weighted gradients on
   the aggregation device (sparse stays sparse) and applies one update, equal
   to one step on the k batches' concatenation (weighted by examples, so a
@@ -188,6 +198,16 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       only some of them fails after `collectives.TIMEOUT_SECONDS`. EVAL,
       PREDICT and export are unchanged (moving statistics, no collectives).
       Custom normalization code can call `cross_tower_moments`.
+    synchronization: "sync" (default): the towers' gradients are combined
+      into one update per step. "async" (tensorpack's
+      `AsyncMultiGPUTrainer`): every tower applies its own gradient (of
+      its own mean loss, not averaged) to the shared variables as soon as
+      it has it; within a step the applies run one after another in tower
+      order, so no update is lost, and a tower may read the weights before
+      or after another tower's update. `global_step` moves once per step.
+      With plain SGD and gradients taken at the step's weights, a step is
+      w - lr·Σᵢ gᵢ. Not with "replicated", accumulation, sync batch norm or
+      float16.
     unsplit_features: keys of the features dict that are not batch-major
       (a vocabulary, a lookup table): every tower gets them whole.
     ps_device: the old name of `aggregation_device` (warns once).
@@ -210,7 +230,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       accumulate_steps=accumulate_steps, mixed_precision=mixed_precision,
       aggregation_device=options_lib.aggregation_device_option(
           aggregation_device, ps_device),
-      sync_batch_norm=sync_batch_norm)
+      sync_batch_norm=sync_batch_norm, synchronization=synchronization)
   if model_fn is None:
     return lambda fn: _wrap(fn, options)
   return _wrap(model_fn, options)

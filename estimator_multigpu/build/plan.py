@@ -57,6 +57,10 @@ class Plan:
       (`allreduce.ALGORITHMS`).
     gradient_packing_bytes: with "replicated", pack dense gradients into
       buffers of at most this many bytes before the all-reduce (0: no).
+    group_devices: every tower of the collective group, when it spans other
+      tasks too (an all-reduce cluster); None: this graph's towers.
+    first_tower: the place of this graph's tower 0 in `group_devices`.
+    synchronization: "sync" or "async" (`strategies.asynchronous`).
   """
   groups: list
   variable_device: Optional[str]
@@ -64,6 +68,14 @@ class Plan:
   variable_update: str = "shared"
   all_reduce: str = "collective"
   gradient_packing_bytes: int = 0
+  group_devices: Optional[list] = None
+  first_tower: int = 0
+  synchronization: str = "sync"
+
+  @property
+  def collective_devices(self) -> list:
+    """Every tower of the collective group, in order."""
+    return self.group_devices or self.devices
 
   @property
   def devices(self) -> list:

@@ -49,7 +49,10 @@ class VariableSharing:
 
   def finish_tower0(self) -> None:
     """Drops what `get_variable` made: reuse covers those."""
-    store = set(_variable_store_names()) - self._store_before
+    # `get_variable("")` under a scope (slot_creator: the shadow variables
+    # of `ExponentialMovingAverage`) is stored as "<scope>/".
+    store = {name.rstrip("/") for name in
+             set(_variable_store_names()) - self._store_before}
     self._tower0 = [v for v in self._tower0 if v.op.name not in store]
 
   @contextlib.contextmanager
@@ -148,7 +151,11 @@ def reuse_scope_for_get_variable(tower, substitute=None):
   Enter it before the tower's name scope: re-entering a variable scope object
   would otherwise reset the name scope.
   """
+  prefix = f"{tower.name}/"
+
   def tower0_getter(getter, name, *args, **kwargs):
+    # Scopes made from a variable's name (slot_creator) carry the tower's.
+    name = name[len(prefix):] if name.startswith(prefix) else name
     try:
       variable = getter(name, *args, **kwargs)
     except ValueError as error:

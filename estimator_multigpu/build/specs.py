@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -37,11 +37,13 @@ def publish_losses(loss, tower_losses: list) -> None:
     tf1.add_to_collection(TOWER_LOSSES_COLLECTION, tower_loss)
 
 
-def combine_losses(towers: list) -> tf.Tensor:
-  """The weighted sum of the towers' losses."""
+def combine_losses(towers: list, weights: Optional[list] = None
+                   ) -> tf.Tensor:
+  """The weighted sum of the towers' losses (default: their loss weights)."""
+  weights = weights or [tower.loss_weight for tower in towers]
   with tf.name_scope("combined_loss"):
-    terms = [_weighted(tower.spec.loss, tower.loss_weight)
-             for tower in towers]
+    terms = [_weighted(tower.spec.loss, weight)
+             for tower, weight in zip(towers, weights)]
     return terms[0] if len(terms) == 1 else tf.math.add_n(terms)
 
 

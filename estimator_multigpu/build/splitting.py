@@ -45,15 +45,18 @@ class Split:
       return self.sizes[index] == 0
     return index > 0
 
-  def loss_weight(self, index: int, loss_reduction: str):
+  def loss_weight(self, index: int, loss_reduction: str, total: Any = None):
     """What tower `index`'s loss (and gradients) are scaled by.
 
     nᵢ / n for "mean", 1 for "sum", and 0 for an empty shard either way, so
     the "mean" weights sum to 1 whenever the global batch is not empty.
-    A float when the sizes are static, else a scalar float32 tensor.
+    A float when the sizes are static, else a scalar float32 tensor. `total`:
+    n, when the global batch is more than this split's (every task's batch
+    of an all-reduce cluster); default `global_batch_size`.
     """
-    size, total = self.sizes[index], self.global_batch_size
-    if self.static:
+    size = self.sizes[index]
+    total = self.global_batch_size if total is None else total
+    if self.static and isinstance(total, int):
       if loss_reduction == "sum":
         return 1.0 if size > 0 else 0.0
       return size / total if total else 0.0

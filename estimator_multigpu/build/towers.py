@@ -44,6 +44,7 @@ class OptimizerCall:
   name: Optional[str]
   variable_scope: Any = None
   name_scope: str = ""
+  recorded: Any = None  # the no-op the call returned to the model_fn.
 
   @contextlib.contextmanager
   def scopes(self):

@@ -10,8 +10,9 @@ In an sbatch script every task that `srun` starts (one per node) runs
 (docs/cluster/slurm.sbatch). The nodes are `scontrol show hostnames
 $SLURM_JOB_NODELIST`, in that order, and rank `SLURM_PROCID` runs on the
 node of its number (`--ntasks-per-node=1`). The ranks get their jobs in
-order: rank 0 the chief, then the workers, then `--num_ps` ps tasks and,
-with `--evaluator`, the last rank the evaluator. Each address is
+order: rank 0 the chief, then the workers, then `--num_ps` ps tasks (0 for
+an all-reduce job: chief and workers only) and, with `--evaluator`, the last
+rank the evaluator. Each address is
 `<node>:<port>`. The TF_CONFIG follows Estimator's convention: the evaluator
 is not part of the cluster. A mistake (not inside `srun`, too few nodes,
 several tasks per node) exits with status 2 and one line saying the fix.
@@ -56,12 +57,12 @@ def roles(num_nodes: int, num_ps: int, evaluator: bool) -> list:
     ValueError: there are too few nodes for a chief, the ps and evaluator.
   """
   trainers = num_nodes - num_ps - int(evaluator)
-  if num_ps < 1 or trainers < 1:
+  if num_ps < 0 or trainers < 1:
     raise ValueError(
         f"{num_nodes} node(s) for --num_ps={num_ps}"
         f"{' and an evaluator' if evaluator else ''}; expected at least one "
-        "ps and one node left for the chief: raise #SBATCH --nodes or lower "
-        "--num_ps.")
+        "ps (or --num_ps=0 for an all-reduce job) and one node left for the "
+        "chief: raise #SBATCH --nodes or lower --num_ps.")
   return ([(task_lib.CHIEF, 0)] +
           [(task_lib.WORKER, i) for i in range(trainers - 1)] +
           [(task_lib.PS, i) for i in range(num_ps)] +

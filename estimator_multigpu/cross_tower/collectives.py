@@ -54,14 +54,24 @@ class Group:
     timeout: seconds a collective waits for the others; 0 waits forever.
     communication_hint: "auto", "ring" or "nccl". Keep "auto": v1 sessions
       do not order collectives, and NCCL needs one launch order on all GPUs.
+    first_local: the first of the towers this graph builds; with
+      `local_towers`, for a group that spans other processes' towers too.
+    local_towers: how many of the towers this graph builds (0: all).
   """
   devices: tuple
   timeout: float = TIMEOUT_SECONDS
   communication_hint: str = "auto"
+  first_local: int = 0
+  local_towers: int = 0
 
   @property
   def num_towers(self) -> int:
     return len(self.devices)
+
+  @property
+  def last_local(self) -> int:
+    """The index of the last tower this graph builds."""
+    return self.first_local + (self.local_towers or self.num_towers) - 1
 
 
 class GraphKeys:
@@ -101,7 +111,7 @@ class GraphKeys:
 
   def _use(self, key: int, group: Group) -> int:
     self.participants[key] += 1
-    self.expected[key] = group.num_towers
+    self.expected[key] = group.local_towers or group.num_towers
     return key
 
   def incomplete(self) -> dict:
@@ -133,11 +143,12 @@ def check_complete(graph: Optional[tf.Graph] = None) -> None:
     details = ", ".join(f"key {key}: {count} of {expected} towers"
                         for key, (count, expected) in sorted(short.items()))
     raise ValueError(
-        "Synchronized batch norm: the towers built different cross-tower "
-        f"reductions ({details}); a step would wait forever for the missing "
-        "towers. Every tower must build the same batch-norm layers in "
-        "training mode, in the same order, and compute gradients through "
-        "them the same way.")
+        "The towers built different cross-tower reductions "
+        f"({details}); a step would wait forever for the missing towers. "
+        "Every tower must build the same batch-norm layers in training mode "
+        "(synchronized batch norm) and make the same global_ratio, "
+        "cross_tower_sum and cross_tower_concat calls, in the same order, and "
+        "compute gradients through them the same way.")
 
 
 def all_reduce_sum(value: tf.Tensor, group: Group, tower_index: int,

@@ -86,28 +86,27 @@ def tower_context(tower_index: int, group: collectives.Group,
     _STACK.contexts = [c for c in _STACK.contexts if c is not context]
 
 
-def scope_factory(devices, sizes=None, example_shares: bool = False,
-                  timeout: float = collectives.TIMEOUT_SECONDS):
-  """The `towers.build_towers` scope factory for towers on `devices`.
+def scope_factory(group: collectives.Group, sizes=None,
+                  example_shares: bool = False):
+  """The `towers.build_towers` scope factory for the towers of `group`.
 
   Args:
-    devices: every tower's device, in tower order.
+    group: the collective group; tower i of this graph is
+      `group.first_local + i`.
     sizes: every tower's examples (`splitting.Split.sizes`), or None.
     example_shares: whether the towers' loss weights are nᵢ/n.
-    timeout: seconds a collective waits for the other towers.
 
   After the last tower, checks that every tower built the same all-reduces
   (`collectives.check_complete`): a mismatch would hang the first step.
   """
-  group = collectives.Group(tuple(devices), timeout)
-
   @contextlib.contextmanager
   def scope(tower):
-    with tower_context(tower.index, group, tower.loss_weight,
+    index = group.first_local + tower.index
+    with tower_context(index, group, tower.loss_weight,
                        examples=sizes[tower.index] if sizes else None,
                        example_shares=example_shares):
       yield
-    if tower.index == group.num_towers - 1:
+    if index == group.last_local:
       collectives.check_complete()
 
   return scope

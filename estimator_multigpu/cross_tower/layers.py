@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
 from typing import Any
 
 from absl import logging
@@ -42,26 +41,22 @@ import tensorflow as tf
 from estimator_multigpu.cross_tower import collectives
 from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.cross_tower import moments
+from estimator_multigpu.cross_tower import patching
 
 tf1 = tf.compat.v1
 _WARNED: set = set()
-_LOCK = threading.RLock()
-_DEPTH = [0]  # open scopes; the patches are installed while > 0.
 _KERAS_BATCH_NORM = "keras.src.layers.normalization.batch_normalization"
 
 
-def scope_factory(devices, timeout: float = collectives.TIMEOUT_SECONDS):
-  """The `towers.build_towers` scope factory for towers on `devices`.
-
-  Args:
-    devices: every tower's device, in tower order (the collective group).
-    timeout: seconds a collective waits for the other towers.
+def scope_factory(group: collectives.Group):
+  """The `towers.build_towers` scope factory for towers of `group`.
 
   Returns:
-    `tower -> context manager` synchronizing that tower's batch norm.
+    `tower -> context manager` synchronizing that tower's batch norm (tower
+    i of this graph is `group.first_local + i`).
   """
-  group = collectives.Group(tuple(devices), timeout)
-  return lambda tower: tower_scope(tower.index, group, tower.loss_weight)
+  return lambda tower: tower_scope(group.first_local + tower.index, group,
+                                   tower.loss_weight)
 
 
 @contextlib.contextmanager
@@ -77,7 +72,7 @@ def tower_scope(tower_index: int, group: collectives.Group,
   """
   with moments.tower_context(tower_index, group, loss_weight), _patched():
     yield
-  if tower_index == group.num_towers - 1:
+  if tower_index == group.last_local:
     collectives.check_complete()
 
 
@@ -105,21 +100,6 @@ def _per_tower(training: Any = True) -> None:
       "--sync_batch_norm) for one device's numbers.", context.group.num_towers)
 
 
-@contextlib.contextmanager
-def _patched():
-  with _LOCK:
-    _DEPTH[0] += 1
-    if _DEPTH[0] == 1:
-      _install()
-  try:
-    yield
-  finally:
-    with _LOCK:
-      _DEPTH[0] -= 1
-      if _DEPTH[0] == 0:
-        _uninstall()
-
-
 def _install() -> None:
   base = _keras_batch_norm_base()
   for name, wrap in (("_moments", _keras_moments),
@@ -143,9 +123,13 @@ def _keras_batch_norm_base() -> type:
   return importlib.import_module(_KERAS_BATCH_NORM).BatchNormalizationBase
 
 
+_PATCH = patching.Patch(_install, _uninstall)
+_patched = _PATCH.scope
+
+
 def is_installed() -> bool:
   """Whether the layer interception is in place (a scope is open)."""
-  return _DEPTH[0] > 0
+  return _PATCH.installed
 
 
 def _slim_layers():

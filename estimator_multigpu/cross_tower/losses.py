@@ -24,39 +24,26 @@ no communication between the towers.
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import tensorflow as tf
 from tensorflow.python.ops.losses import losses_impl  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops.losses import util as losses_util  # pylint: disable=g-direct-tensorflow-import
 
 from estimator_multigpu.cross_tower import context as context_lib
+from estimator_multigpu.cross_tower import patching
 from estimator_multigpu.cross_tower import tools
 
 tf1 = tf.compat.v1
 Reduction = tf1.losses.Reduction
 
-_LOCK = threading.RLock()
-_DEPTH = [0]  # open scopes; the patches are installed while > 0.
 _ORIGINAL = {"safe_mean": losses_impl._safe_mean,  # pylint: disable=protected-access
              "compute_weighted_loss": losses_impl.compute_weighted_loss}
 
 
-@contextlib.contextmanager
 def loss_scope(tower):
   """Inside: `tf.compat.v1.losses` terms are the tower's global shares."""
   del tower  # the same for every tower; `tools` reads the tower context.
-  with _LOCK:
-    _DEPTH[0] += 1
-    if _DEPTH[0] == 1:
-      _install()
-  try:
-    yield
-  finally:
-    with _LOCK:
-      _DEPTH[0] -= 1
-      if _DEPTH[0] == 0:
-        _uninstall()
+  return _PATCH.scope()
 
 
 def _global_mean(losses, num_present):
@@ -125,3 +112,6 @@ def _uninstall() -> None:
   losses_impl._safe_mean = _ORIGINAL["safe_mean"]  # pylint: disable=protected-access
   for module in (losses_impl, tf1.losses):
     module.compute_weighted_loss = _ORIGINAL["compute_weighted_loss"]
+
+
+_PATCH = patching.Patch(_install, _uninstall)

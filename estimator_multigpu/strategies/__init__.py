@@ -9,12 +9,15 @@ the build talks to it through `placement`, `sharing_scope`, `combine` and
 - `replicated.ReplicatedVariables` ("replicated"): a copy per tower,
   gradients all-reduced (`allreduce`), every tower applies the same update.
   TRAIN graphs only.
+- `asynchronous.AsyncTowers` (`synchronization="async"`): shared variables,
+  every tower applies its own gradient. TRAIN graphs only.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from estimator_multigpu.strategies import asynchronous
 from estimator_multigpu.strategies import base
 from estimator_multigpu.strategies import replicated
 from estimator_multigpu.strategies import shared
@@ -33,5 +36,8 @@ def make_strategy(plan: Any, mode: str = "train") -> base.VariableStrategy:
   Only training updates variables, so only TRAIN graphs replicate them;
   evaluation and prediction towers read tower 0's variables.
   """
-  name = plan.variable_update if mode == "train" else shared.SharedVariables.name
-  return STRATEGIES[name](plan)
+  if mode != "train":
+    return shared.SharedVariables(plan)
+  if plan.synchronization == "async":
+    return asynchronous.AsyncTowers(plan)
+  return STRATEGIES[plan.variable_update](plan)

@@ -62,8 +62,9 @@ def _keys() -> _Keys:
 class _Collectives:
   """Issues collective ops over one group of devices, in a fixed order."""
 
-  def __init__(self, devices: Sequence[str]):
+  def __init__(self, devices: Sequence[str], group_size: int):
     self.devices = list(devices)
+    self.group_size = group_size
     self.group_key = _keys().group(tuple(self.devices))
     self.hint = ("nccl" if all("GPU" in d.upper() for d in self.devices)
                  else "ring")
@@ -81,19 +82,20 @@ class _Collectives:
 
   def sum(self, tensors: list) -> list:
     return self._run(tensors, lambda t, key: collective_ops.all_reduce_v2(
-        t, group_size=len(self.devices), group_key=self.group_key,
+        t, group_size=self.group_size, group_key=self.group_key,
         instance_key=key, merge_op="Add", final_op="Id",
         communication_hint=self.hint))
 
   def gather(self, tensors: list) -> list:
     return self._run(tensors, lambda t, key: collective_ops.all_gather_v2(
-        t, group_size=len(self.devices), group_key=self.group_key,
+        t, group_size=self.group_size, group_key=self.group_key,
         instance_key=key, communication_hint=self.hint))
 
 
 def all_reduce(tower_grads: list, variables: list, devices: Sequence[str],
                algorithm: str = "collective", packing_bytes: int = 0,
-               aggregation_device: Optional[str] = None) -> list:
+               aggregation_device: Optional[str] = None,
+               group_size: Optional[int] = None) -> list:
   """Sums each variable's gradient over the towers; every tower gets the sum.
 
   Args:
@@ -105,6 +107,8 @@ def all_reduce(tower_grads: list, variables: list, devices: Sequence[str],
     packing_bytes: > 0 packs dense gradients into buffers of at most this
       many bytes before reducing; 0 reduces each gradient on its own.
     aggregation_device: where "add_n" sums.
+    group_size: the towers of the whole collective group, when it spans
+      other processes' towers too (an all-reduce cluster); default: these.
 
   Returns:
     Per tower, one summed gradient per variable: None where every tower's
@@ -115,8 +119,9 @@ def all_reduce(tower_grads: list, variables: list, devices: Sequence[str],
   columns = [_normalize([grads[k] for grads in tower_grads], variable, devices)
              for k, variable in enumerate(variables)]
   results = [[None] * len(variables) for _ in range(num_towers)]
-  collectives = (_Collectives(devices)
-                 if algorithm == "collective" and num_towers > 1 else None)
+  group_size = group_size or num_towers
+  collectives = (_Collectives(devices, group_size)
+                 if algorithm == "collective" and group_size > 1 else None)
   ready_first = list(reversed(range(len(columns))))  # backward-pass order.
   dense = [k for k in ready_first if columns[k] is not None and
            not isinstance(columns[k][0], tf.IndexedSlices)]
@@ -205,7 +210,7 @@ def _unpack(summed: list, columns: list, devices) -> list:
 
 
 def _sum_dense(tensors: list, collectives, aggregation_device, devices):
-  if len(tensors) == 1:
+  if len(tensors) == 1 and collectives is None:
     return tensors
   if collectives is not None and tensors[0].dtype in _COLLECTIVE_DTYPES:
     return collectives.sum(tensors)
@@ -217,7 +222,7 @@ def _sum_dense(tensors: list, collectives, aggregation_device, devices):
 def _sum_sparse(slices: list, collectives, aggregation_device,
                 devices) -> list:
   """Every tower's values and indices, concatenated in rank order."""
-  if len(slices) == 1:
+  if len(slices) == 1 and collectives is None:
     return slices
   if collectives is None or slices[0].values.dtype not in _COLLECTIVE_DTYPES:
     with tf.device(aggregation_device or devices[0]):

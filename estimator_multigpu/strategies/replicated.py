@@ -51,7 +51,8 @@ def local_copy(original: tf.Variable, name: str, trainable: bool):
   """A LOCAL variable on the current device initialized from `original`.
 
   Its initializer reads `original`'s current value, so running the local
-  initializers after a restore copies the restored value.
+  initializers after a restore copies the restored value. A resource
+  variable's copy answers `name` with `original`'s name; its op is `name`.
   """
   graph = tf1.get_default_graph()
   with tf.control_dependencies(None), graph.name_scope(None):
@@ -61,9 +62,22 @@ def local_copy(original: tf.Variable, name: str, trainable: bool):
     kwargs = dict(initial_value=value, trainable=trainable, name=name,
                   collections=[tf1.GraphKeys.LOCAL_VARIABLES],
                   dtype=original.dtype.base_dtype)
-    if resource_variable_ops.is_resource_variable(original):
-      return resource_variable_ops.ResourceVariable(**kwargs)
-    return ref_variable.RefVariable(**kwargs)
+    if not resource_variable_ops.is_resource_variable(original):
+      return ref_variable.RefVariable(**kwargs)
+    replica = _TowerCopy(**kwargs)
+  # Its `name` is tower 0's (its op is `tower_<i>/...`), so the model_fn's
+  # filters by name or scope (`var_list` of a frozen backbone) pick the
+  # same variables in every tower.
+  replica._handle_name = original._handle_name  # pylint: disable=protected-access
+  return replica
+
+
+class _TowerCopy(resource_variable_ops.ResourceVariable):
+  """A tower's copy whose `name` is tower 0's; slots named after its op."""
+
+  @property
+  def _shared_name(self) -> str:
+    return self.op.name
 
 
 def fresh_optimizer(optimizer: tf1.train.Optimizer) -> tf1.train.Optimizer:
@@ -151,7 +165,8 @@ class ReplicatedVariables(shared.SharedVariables):
         summed = allreduce.all_reduce(
             tower_grads, variables, [tower.device for tower in towers],
             self.plan.all_reduce, self.plan.gradient_packing_bytes,
-            self.plan.aggregation_device)
+            self.plan.aggregation_device,
+            len(self.plan.collective_devices))
       updates += [base.Update(position, calls[0], tower, tower.device,
                               list(zip(grads, variables)))
                   for tower, grads in zip(towers, summed)]

@@ -114,6 +114,7 @@ class TowerOptimizer(tf1.train.Optimizer):
     tower = towers_lib.current_tower()
     if tower is None:
       return self.apply_combined(grads_and_vars, global_step, name)
+    _check_not_in_a_function()
     grads_and_vars = list(grads_and_vars)
     if precision.loss_scaling_active():
       _check_loss_scaled(tower, grads_and_vars)
@@ -122,10 +123,11 @@ class TowerOptimizer(tf1.train.Optimizer):
           grads_and_vars, frozenset(tower.loss_scaled_gradients))
     with _outside_control_dependencies(tower), tf.name_scope("tower_weight"):
       weighted = [(_scale(g, tower.loss_weight), v) for g, v in grads_and_vars]
+    recorded = tf.no_op(name="recorded_for_tower_aggregation")
     tower.optimizer_calls.append(towers_lib.OptimizerCall(
-        self, weighted, global_step, name,
-        tf1.get_variable_scope(), tf1.get_default_graph().get_name_scope()))
-    return tf.no_op(name="recorded_for_tower_aggregation")
+        self, weighted, global_step, name, tf1.get_variable_scope(),
+        tf1.get_default_graph().get_name_scope(), recorded))
+    return recorded
 
   @property
   def wrapped(self) -> tf1.train.Optimizer:
@@ -179,6 +181,20 @@ def _check_loss_scaled(tower, grads_and_vars: list) -> None:
         "compute_gradients' output unchanged (clip with "
         "multi_gpu(clip_gradients_by_norm=...)), or use "
         "mixed_precision='bfloat16', which needs no loss scaling.")
+
+
+def _check_not_in_a_function() -> None:
+  """Recording happens in the tower's graph, not inside a `tf.cond` branch
+  (`MixedPrecisionLossScaleOptimizer` applies inside one)."""
+  if tf1.get_default_graph().building_function:
+    raise ValueError(
+        "`TowerOptimizer.apply_gradients` was called inside a tf.cond or "
+        "tf.function: an optimizer wraps the TowerOptimizer and applies "
+        "conditionally (MixedPrecisionLossScaleOptimizer(TowerOptimizer(opt))"
+        " does). Wrap the other way round, TowerOptimizer("
+        "MixedPrecisionLossScaleOptimizer(opt, loss_scale)), so the loss "
+        "scale decides once for the combined gradients; or use "
+        "multi_gpu(mixed_precision='float16').")
 
 
 def _outside_control_dependencies(tower):

@@ -53,6 +53,18 @@ def clip_by_norm_fn(features, labels, mode):
   return spec(mode, loss, lambda g: [tf.clip_by_norm(t, 0.01) for t in g])
 
 
+def batch_size_param_fn(features, labels, mode, params):
+  """TPUEstimator style: a sum divided by params['batch_size']."""
+  per_example = tf.reduce_sum(tf.square(dense(features, 2) - labels), 1)
+  return spec(mode, tf.reduce_sum(per_example) / params["batch_size"])
+
+
+def global_clip_renamed_fn(features, labels, mode):
+  loss = tf1.losses.mean_squared_error(labels, dense(features, 2))
+  return spec(mode, loss, lambda g: tf.clip_by_global_norm(
+      g, 0.01, name="grad_clip")[0])
+
+
 def in_batch_negatives_fn(features, labels, mode):
   q, d = dense(features, 4, "q"), dense(labels, 4, "d")
   logits = tf.matmul(q, d, transpose_b=True)
@@ -79,6 +91,10 @@ def test_an_exact_model_fn_passes():
 
 @pytest.mark.parametrize("model_fn,cause,fix", [
     (summed_fn, "a sum over the tower's examples", "loss_reduction='sum'"),
+    (batch_size_param_fn, "a sum over the tower's examples",
+     "emg.global_ratio"),
+    (global_clip_renamed_fn, "transforms each tower's gradients",
+     "clip_gradients_by_norm="),
     (matches_fn, "divides by a count of the batch", "emg.global_ratio"),
     (clip_by_norm_fn, "transforms each tower's gradients",
      "clip_gradients_by_norm="),
@@ -87,7 +103,8 @@ def test_an_exact_model_fn_passes():
      "sync_batch_norm=True"),
 ])
 def test_a_silent_mismatch_is_caught_and_explained(model_fn, cause, fix):
-  report = emg.check_towers(model_fn, input_fn, DEVICES, steps=2)
+  report = emg.check_towers(model_fn, input_fn, DEVICES, steps=2,
+                            params={"batch_size": 7})
   assert not report.ok
   assert report.worst[0][1] > 1e-4
   text = str(report)

@@ -121,3 +121,64 @@ def test_token_mean_by_hand_numpy():
   ce = -np.take_along_axis(log_p, labels[..., None], -1)[..., 0]
   mask = features["mask"]
   np.testing.assert_allclose(got, (ce * mask).sum() / mask.sum(), rtol=1e-5)
+
+
+def lstm_token_loss_fn(features, labels, mode):
+  """seq2seq style: embedding, dynamic_rnn LSTM with sequence_length, a
+  token-level mean through the padding mask."""
+  embeddings = tf1.get_variable(
+      "embeddings", [VOCAB, DIM],
+      initializer=tf1.random_normal_initializer(seed=1))
+  cell = tf1.nn.rnn_cell.LSTMCell(
+      6, initializer=tf1.glorot_uniform_initializer(seed=3))
+  outputs, _ = tf1.nn.dynamic_rnn(
+      cell, tf.nn.embedding_lookup(embeddings, features["tokens"]),
+      sequence_length=tf.cast(tf.reduce_sum(features["mask"], 1), tf.int32),
+      dtype=tf.float32)
+  logits = tf1.layers.dense(outputs, VOCAB, name="out",
+                            kernel_initializer=tf1.glorot_uniform_initializer(
+                                seed=2))
+  loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits,
+                                                 weights=features["mask"])
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op(loss))
+
+
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_lstm_token_mean_matches_one_device(num_towers, session_config):
+  features, labels = sequences()
+  one, loss_one = harness.train(lstm_token_loss_fn, features, labels, 2,
+                                session_config)
+  many, loss_many = harness.train(lstm_token_loss_fn, features, labels, 2,
+                                  session_config, num_towers=num_towers)
+  np.testing.assert_allclose(loss_many, loss_one, rtol=1e-5)
+  assert_same(one, many)
+
+
+def test_compute_weighted_loss_called_directly(session_config):
+  def model_fn(features, labels, mode):
+    logits = logits_of(features)
+    per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+    loss = tf1.losses.compute_weighted_loss(per_token, features["mask"],
+                                            reduction=R.MEAN)
+    return tf.estimator.EstimatorSpec(mode, loss=loss,
+                                      train_op=train_op(loss))
+
+  features, labels = sequences()
+  one, _ = harness.train(model_fn, features, labels, 2, session_config)
+  many, _ = harness.train(model_fn, features, labels, 2, session_config,
+                          num_towers=3)
+  assert_same(one, many)
+
+
+def test_a_per_example_mean_adds_no_collective(session_config):
+  """The common case keeps TensorFlow's reduction: no cross-tower traffic."""
+  features, labels = sequences()
+  with tf.Graph().as_default() as graph:
+    tf1.train.get_or_create_global_step()
+    harness.call(emg.multi_gpu(token_loss_fn(R.SUM_BY_NONZERO_WEIGHTS,
+                                             weighted=False),
+                               devices=harness.cpu_devices(2)),
+                 tf.nest.map_structure(tf.constant, features),
+                 tf.constant(labels), "train", session_config)
+  assert not [op for op in graph.get_operations()
+              if op.type.startswith("Collective")]

@@ -1,0 +1,81 @@
+"""One task of an all-reduce job on loopback, for test_all_reduce_cluster.py.
+
+Every task reads TF_CONFIG, trains `model_fn` on `--towers` virtual CPU
+towers with `variable_update="replicated"` through
+`emg.train_and_evaluate`, on its own rows `--rows=a:b` of the 7-example
+global batch, and exits.
+
+    TF_CONFIG=... python tests/cluster/all_reduce_task.py --towers=2 \\
+        --rows=0:4 --model_dir=/tmp/chief --steps=3
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import estimator_multigpu as emg
+
+tf1 = tf.compat.v1
+BATCH = 7
+
+
+def data():
+  rng = np.random.RandomState(0)
+  return (rng.randn(BATCH, 3).astype(np.float32),
+          rng.randn(BATCH, 2).astype(np.float32))
+
+
+def model_fn(features, labels, mode):
+  """Two dense layers, Momentum, an embedding of the row (sparse)."""
+  init = tf1.glorot_uniform_initializer
+  h = tf1.layers.dense(features, 4, tf.nn.tanh, name="hidden",
+                       kernel_initializer=init(seed=1))
+  pred = tf1.layers.dense(h, 2, name="out", kernel_initializer=init(seed=2))
+  loss = tf1.losses.mean_squared_error(labels, pred)
+  opt = emg.TowerOptimizer(tf1.train.MomentumOptimizer(0.2, 0.9))
+  train_op = opt.minimize(loss, tf1.train.get_global_step())
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def parse(argv):
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--towers", type=int, default=1)
+  parser.add_argument("--rows", default="0:7")
+  parser.add_argument("--model_dir", required=True)
+  parser.add_argument("--steps", type=int, default=3)
+  parser.add_argument("--peer_timeout_secs", type=float, default=120.0)
+  parser.add_argument("--accumulate_steps", type=int, default=1)
+  parser.add_argument("--ema_decay", type=float, default=None)
+  return parser.parse_args(argv)
+
+
+def main(argv):
+  args = parse(argv)
+  start, end = (int(v) for v in args.rows.split(":"))
+  x, y = data()
+  config = tf.estimator.RunConfig(
+      model_dir=args.model_dir, tf_random_seed=1,
+      session_config=emg.make_session_config(num_cpus=args.towers),
+      save_checkpoints_steps=args.steps, log_step_count_steps=1)
+  fn = emg.multi_gpu(model_fn, devices=[f"/cpu:{i}" for i in
+                                        range(args.towers)],
+                     variable_update="replicated",
+                     accumulate_steps=args.accumulate_steps,
+                     ema_decay=args.ema_decay)
+  input_fn = lambda: tf.data.Dataset.from_tensors(  # noqa: E731
+      (x[start:end], y[start:end])).repeat()
+  emg.train_and_evaluate(
+      tf.estimator.Estimator(fn, config=config),
+      tf.estimator.TrainSpec(input_fn, max_steps=args.steps),
+      tf.estimator.EvalSpec(input_fn, steps=1),
+      peer_timeout_secs=args.peer_timeout_secs)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(0)  # pylint: disable=protected-access

@@ -1,0 +1,152 @@
+"""Multi-worker all-reduce on loopback: real processes, TF_CONFIG, no ps.
+
+Every task of a chief + workers cluster trains `all_reduce_task.model_fn`
+on its own rows of a 7-example global batch through `emg.train_and_evaluate`;
+the chief's checkpoint must equal one device trained on all 7 rows from the
+same initial values (the chief's model.ckpt-0).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import all_reduce_task
+from estimator_multigpu.cluster import launch
+
+tf1 = tf.compat.v1
+TASK = os.path.join(os.path.dirname(__file__), "all_reduce_task.py")
+pytestmark = pytest.mark.slow
+
+
+def start_job(tmp_path, rows_per_task, towers, steps, **extra):
+  """Starts one process per task; returns [(name, Popen, log path)]."""
+  ports = launch.free_ports(len(rows_per_task))
+  cluster = {"chief": [f"localhost:{ports[0]}"],
+             "worker": [f"localhost:{p}" for p in ports[1:]]}
+  names = [("chief", 0)] + [("worker", i) for i in range(len(ports) - 1)]
+  tasks = []
+  for (job, index), rows in zip(names, rows_per_task):
+    env = dict(os.environ, TF_CONFIG=json.dumps(
+        {"cluster": cluster, "task": {"type": job, "index": index}}))
+    log = tmp_path / f"{job}{index}.log"
+    args = [sys.executable, TASK, f"--towers={towers}", f"--rows={rows}",
+            f"--model_dir={tmp_path / f'{job}{index}'}", f"--steps={steps}"]
+    args += [f"--{key}={value}" for key, value in extra.items()]
+    with open(log, "w") as out:
+      tasks.append((f"{job}:{index}", subprocess.Popen(
+          args, env=env, stdout=out, stderr=subprocess.STDOUT), log))
+  return tasks
+
+
+def wait_all(tasks, timeout=240):
+  deadline = time.time() + timeout
+  for name, process, log in tasks:
+    try:
+      process.wait(timeout=max(1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+      for _, other, _ in tasks:
+        other.kill()
+      pytest.fail(f"{name} did not end: {log.read_text()[-2000:]}")
+  return {name: process.returncode for name, process, _ in tasks}
+
+
+def one_device(steps, initial_checkpoint, trajectory=None):
+  """The unwrapped model_fn on all 7 rows, from the chief's start (its
+  variables after each step are appended to `trajectory`)."""
+  x, y = all_reduce_task.data()
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    spec = all_reduce_task.model_fn(tf.constant(x), tf.constant(y), "train")
+    variables = tf1.global_variables()
+    names = [v.op.name for v in variables]
+    with tf1.Session() as session:
+      tf1.train.Saver(variables).restore(session, initial_checkpoint)
+      for _ in range(steps):
+        session.run(spec.train_op)
+        if trajectory is not None:
+          trajectory.append(dict(zip(names, session.run(variables))))
+      return dict(zip(names, session.run(variables)))
+
+
+def moving_average(initial, trajectory, name, decay):
+  """numpy: the wrapper's EMA, decay_t = min(decay, (1 + t) / (10 + t))."""
+  shadow = initial
+  for t, values in enumerate(trajectory, start=1):
+    decay_t = min(decay, (1.0 + t) / (10.0 + t))
+    shadow = decay_t * shadow + (1.0 - decay_t) * values[name]
+  return shadow
+
+
+@pytest.mark.parametrize("rows,towers", [
+    (["0:4", "4:7"], 2),          # chief + 1 worker x 2 towers: 4 and 3.
+    (["0:3", "3:5", "5:7"], 1),   # chief + 2 workers x 1 tower: 3/2/2.
+])
+def test_all_reduce_job_equals_one_device(tmp_path, rows, towers):
+  steps = 4
+  codes = wait_all(start_job(tmp_path, rows, towers, steps))
+  assert set(codes.values()) == {0}, codes
+  chief = str(tmp_path / "chief0")
+  expected = one_device(steps, f"{chief}/model.ckpt-0")
+  reader = tf.train.load_checkpoint(chief)
+  assert sorted(reader.get_variable_to_shape_map()) == sorted(expected)
+  for name, value in expected.items():
+    np.testing.assert_allclose(reader.get_tensor(name), value, atol=1e-5,
+                               err_msg=name)
+  assert reader.get_tensor("global_step") == steps
+  assert not os.path.exists(tmp_path / "worker0" / "checkpoint")
+
+
+def test_accumulation_and_ema_across_machines(tmp_path):
+  """accumulate_steps=2 reads each task's (repeated) batch twice per update,
+  which equals one step on it; every task keeps the same EMA."""
+  steps = 3
+  codes = wait_all(start_job(tmp_path, ["0:4", "4:7"], 2, steps,
+                             accumulate_steps=2, ema_decay=0.5))
+  assert set(codes.values()) == {0}, codes
+  chief = str(tmp_path / "chief0")
+  trajectory = []
+  expected = one_device(steps, f"{chief}/model.ckpt-0", trajectory)
+  reader = tf.train.load_checkpoint(chief)
+  initial = tf.train.load_checkpoint(f"{chief}/model.ckpt-0")
+  for name, value in expected.items():
+    np.testing.assert_allclose(reader.get_tensor(name), value, atol=1e-5,
+                               err_msg=name)
+  for name in ("hidden/kernel", "out/bias"):
+    shadow = f"{name}/ExponentialMovingAverage"
+    want = moving_average(initial.get_tensor(shadow), trajectory, name, 0.5)
+    np.testing.assert_allclose(reader.get_tensor(shadow), want, atol=1e-5,
+                               err_msg=shadow)
+
+
+def test_a_dead_worker_ends_the_job_within_the_peer_timeout(tmp_path):
+  tasks = start_job(tmp_path, ["0:4", "4:7"], 1, 100000,
+                    peer_timeout_secs=10)
+  time.sleep(25)  # both running steps by now (or waiting for each other).
+  tasks[1][1].send_signal(signal.SIGKILL)
+  codes = wait_all(tasks[:1], timeout=120)
+  assert codes["chief:0"] == 1
+  log = tasks[0][2].read_text()
+  errors = [line for line in log.splitlines()
+            if "has not answered for 10 s" in line]
+  assert len(errors) == 1 and "task worker:0" in errors[0], log[-2000:]
+
+
+def test_a_restarted_job_resumes_from_the_chief_checkpoint(tmp_path):
+  codes = wait_all(start_job(tmp_path, ["0:4", "4:7"], 1, 3))
+  assert set(codes.values()) == {0}, codes
+  codes = wait_all(start_job(tmp_path, ["0:4", "4:7"], 1, 6))
+  assert set(codes.values()) == {0}, codes
+  chief = str(tmp_path / "chief0")
+  expected = one_device(6, f"{chief}/model.ckpt-0")
+  reader = tf.train.load_checkpoint(chief)
+  assert reader.get_tensor("global_step") == 6
+  for name, value in expected.items():
+    np.testing.assert_allclose(reader.get_tensor(name), value, atol=1e-5,
+                               err_msg=name)
