@@ -78,7 +78,8 @@ _TOWERS = dict(scripts=(TRAIN, EVAL), needs="by train.py and eval.py",
                "serves on one CPU")
 USES = (
     Use("dataset_dir", **_DATA),
-    Use("labels_offset", **_DATA),
+    Use("labels_offset", **{**_DATA, "used": lambda values: (
+        _tfrecord(values) or not values["labels_offset"])}),  # 0: no-op.
     Use("batch_size", (TRAIN, EVAL), needs="by train.py and eval.py",
         state="export.py reads no data"),
     Use("dataset_split_name", (TRAIN, EVAL), needs="by train.py and eval.py",

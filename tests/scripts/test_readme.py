@@ -50,6 +50,17 @@ BLOCKS = (
         ('pip install -e ".[cpu,app,test]" && python -m pytest -q tests',
          ": the test suite, this test among it"))),
     Block("import tensorflow as tf\nimport estimator_multigpu as emg\n\n@emg"),
+    Block("# Token-level mean written by hand", skip=(
+        "fragments of a model_fn body on the user's tensors (token_losses, "
+        "mask, q, d); each pattern runs in tests/core/"
+        "test_model_fn_patterns.py")),
+    Block("report = emg.check_towers(", skip=(
+        "needs the user's model_fn and input_fn; tests/core covers "
+        "check_towers (not yet run from here: issue 26 follow-up)")),
+    Block("estimator = tf.estimator.Estimator(\n    emg.multi_gpu(model_fn, "
+          "devices=2, variable_update=", skip=(
+              "needs a cluster (TF_CONFIG) and a gs:// bucket; tests/cluster "
+              "runs emg.train_and_evaluate")),
     Block("config = tf.estimator.RunConfig(", after=("import tensorflow as "
                                                    "tf\nimport estimator",)),
     Block("@emg.multi_gpu(devices=[[", needs_gpus=4, after=(
@@ -157,9 +168,10 @@ def gpus() -> int:
 
 
 def blocks_in_order(slow: bool) -> list:
-  return [pytest.param(language, text, id=row_of(text).key[:30])
+  """The blocks as test parameters (one without a row runs, and fails)."""
+  return [pytest.param(language, text, id=text[:30])
           for language, text in readme_blocks()
-          if row_of(text).key.startswith(SLOW_KEYS) == slow]
+          if text.startswith(SLOW_KEYS) == slow]
 
 
 def run_block(language: str, text: str, work: str):
