@@ -318,6 +318,8 @@ def run_locked(task: Optional[cluster.Task], settings: Settings) -> int:
   if task is None or task.is_chief:
     run_record.record_run(planned.setup, planned.config, planned.towers,
                           settings)
+  if settings.run.check_towers and task is None:
+    check_towers(settings, planned)
   estimator = make_estimator(settings, task, planned.towers, planned.config,
                              planned.schedule, planned.warm_start)
   if task is not None and task.type == cluster.EVALUATOR:
@@ -326,6 +328,33 @@ def run_locked(task: Optional[cluster.Task], settings: Settings) -> int:
   received = train(settings, estimator, task, planned.towers,
                    planned.input_fn, planned.setup)
   return finish(task, settings, estimator, received)
+
+
+class TowersMismatchError(RuntimeError):
+  """--check_towers: the towers do not train like one device."""
+
+
+def check_towers(settings: Settings, planned: Plan, steps: int = 2) -> None:
+  """--check_towers: one device against the towers, 2 steps, same start.
+
+  Raises:
+    TowersMismatchError: they differ; the message names the cause and fix.
+  """
+  wrap = settings.multi_gpu
+  logging.info("Checking that %d towers train %s like one device (%d "
+               "steps each)...", len(planned.towers.devices),
+               planned.setup.model_name, steps)
+  report = emg.check_towers(
+      classifier.model_fn, planned.input_fn, planned.towers.devices, steps,
+      {"classifier": planned.config}, ema_decay=wrap.moving_average_decay,
+      clip_gradients_by_norm=wrap.clip_gradients_by_norm,
+      variable_update=wrap.variable_update,
+      sync_batch_norm=wrap.sync_batch_norm,
+      accumulate_steps=wrap.accumulate_steps,
+      mixed_precision=wrap.mixed_precision)
+  if not report.ok:
+    raise TowersMismatchError(" ".join(str(report).splitlines()))
+  logging.info("%s", report)
 
 
 def finish(task: Optional[cluster.Task], settings: Settings,

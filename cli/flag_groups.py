@@ -32,7 +32,8 @@ GROUPS = (
     ("Data", ("dataset_name", "dataset_dir", "batch_size",
               "dataset_split_name", "labels_offset", "preprocessing_name")),
     ("Towers", ("num_gpus", "virtual_cpus", "devices", "gpus",
-                "variable_update", "sync_batch_norm", "mixed_precision")),
+                "variable_update", "sync_batch_norm", "mixed_precision",
+                "check_towers")),
     ("Optimization", (
         "max_steps", "optimizer", "learning_rate", "momentum",
         "adam_beta1", "adam_beta2", "opt_epsilon", "rmsprop_decay",

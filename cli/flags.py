@@ -296,6 +296,10 @@ def _checkpoints() -> None:
   flags.DEFINE_bool("scaling_report", run["scaling_report"], "Warn when the "
                     "run is input-bound; its per-window report (input wait) "
                     "shows with --verbosity=1.")
+  flags.DEFINE_bool("check_towers", run["check_towers"], "Before training, "
+                    "train 2 steps on one device and on the towers from the "
+                    "same start and stop with one line if they differ "
+                    "(estimator_multigpu.check_towers).")
 
 
 def fine_tuning() -> None:

@@ -118,6 +118,7 @@ class RunSettings:
   stop_grace_secs: int = 60
   log_every_n_steps: Optional[int] = None
   scaling_report: bool = True
+  check_towers: bool = False
   given: Names = frozenset()
 
 

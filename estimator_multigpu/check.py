@@ -7,6 +7,13 @@ graphs share (weights, moving statistics, optimizer slots, `global_step`) and
 explains a mismatch: it finds per-tower gradient transforms in the graph,
 and retries with `sync_batch_norm=True` and with `loss_reduction="sum"` to
 see whether one of them makes the towers exact.
+
+Random numbers drawn while training (dropout) differ by construction: each
+tower draws its own, the same in distribution as one device's draw but not
+bit for bit. During the check they are held at a fixed value (a uniform
+draw is 0.5, a normal one 0: dropout keeps every unit), in both runs, so the
+comparison is exact; initializers keep their randomness (the towers start
+from the one device's initial values anyway).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import op_callbacks  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.util import function_utils  # pylint: disable=g-direct-tensorflow-import
 
 from estimator_multigpu import devices as devices_lib
@@ -140,8 +148,30 @@ def _session_config(devices: list) -> tf1.ConfigProto:
   return devices_lib.make_session_config(num_cpus=max(cpus, default=0) + 1)
 
 
+_FIXED_RANDOM = {"RandomUniform": 0.5, "RandomStandardNormal": 0.0,
+                 "TruncatedNormal": 0.0}
+
+
+def _fixed_random(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+  """An op callback: a random draw of training becomes a fixed value."""
+  del attrs, graph
+  if op_type not in _FIXED_RANDOM or "Initializer" in (op_name or ""):
+    return None
+  with tf.name_scope("fixed_for_check_towers"):
+    return [tf.fill(tf.cast(inputs[0], tf.int32),
+                    tf.cast(_FIXED_RANDOM[op_type], outputs[0].dtype))]
+
+
 def _train(fn, input_fn, steps: int, params, config, initial) -> _Run:
   """Trains `fn` for `steps` in a fresh graph; returns what it saw."""
+  op_callbacks.add_op_callback(_fixed_random)
+  try:
+    return _train_fixed(fn, input_fn, steps, params, config, initial)
+  finally:
+    op_callbacks.remove_op_callback(_fixed_random)
+
+
+def _train_fixed(fn, input_fn, steps, params, config, initial) -> _Run:
   with tf.Graph().as_default() as graph:
     tf1.set_random_seed(0)
     tf1.train.get_or_create_global_step()
