@@ -46,6 +46,7 @@ from estimator_multigpu import cluster
 from estimator_multigpu.runtime import evaluation
 from estimator_multigpu.runtime import hooks
 from estimator_multigpu.runtime import scaling
+from estimator_multigpu.cluster import all_reduce_training
 from estimator_multigpu.cluster import job_control
 
 import classifier
@@ -227,6 +228,9 @@ def train(settings: Settings, estimator: tf.estimator.Estimator,
           saving_listeners=[hooks.FiniteCheckpointListener(model_dir)])
     if task is None:
       train_with([])
+    elif task.all_reduce:
+      all_reduce_training.run_task(estimator, lambda: train_with([]),
+                                   settings.cluster.peer_timeout_secs)
     else:
       job_control.run_trainer(task, train_with,
                               sync_replicas=settings.cluster.sync_replicas,

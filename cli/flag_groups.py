@@ -55,7 +55,7 @@ GROUPS = (
     ("Export", ("export_dir",)),
     ("Cluster", ("ps_hosts", "worker_hosts", "job_name", "task_index",
                  "sync_replicas", "ps_wait_secs", "ps_linger_secs",
-                 "eval_timeout_secs")),
+                 "eval_timeout_secs", "peer_timeout_secs")),
     ("Logging", ("verbosity", "log_every_n_steps", "scaling_report")),
 )
 ALWAYS_SHOWN = ("verbosity",)  # absl's, but the way to bring the logs back.

@@ -103,7 +103,8 @@ USES = (
         needs="with --job_name", state="this run gives none",
         fix="add --job_name"),
     *(Use(flag, **_ON_A_CLUSTER) for flag in (
-        "ps_wait_secs", "ps_linger_secs", "eval_timeout_secs")),
+        "ps_wait_secs", "ps_linger_secs", "eval_timeout_secs",
+        "peer_timeout_secs")),
 )
 
 

@@ -342,6 +342,9 @@ def cluster() -> None:
   flags.DEFINE_integer("eval_timeout_secs", on["eval_timeout_secs"],
                        "Cluster: the evaluator stops after this long without "
                        "a new checkpoint.")
+  flags.DEFINE_integer("peer_timeout_secs", on["peer_timeout_secs"],
+                       "All-reduce cluster (no ps): a task ends, with one "
+                       "line, when another has not answered for this long.")
 
 
 def weights() -> None:

@@ -133,6 +133,7 @@ class ClusterSettings:
   ps_wait_secs: int = 120
   ps_linger_secs: int = 60
   eval_timeout_secs: int = 600
+  peer_timeout_secs: int = 120
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,7 @@ from estimator_multigpu.cross_tower import collectives
 tf1 = tf.compat.v1
 
 CHIEF, WORKER, PS = "chief", "worker", "ps"
+_READS = frozenset(["ReadVariableOp", "Identity"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,14 +139,26 @@ def broadcast_scaffold(scaffold: Optional[tf1.train.Scaffold],
     before = ([] if cluster.is_chief else
               [tf1.variables_initializer(variables)])
     with tf.control_dependencies(before):
-      received = [_receive(v, cluster, device) for v in variables]
-    with tf.control_dependencies(received):
-      local_init = tf.group(tf1.local_variables_initializer(),
-                            tf1.tables_initializer(), name="local_init")
+      received = tf.group(*[_receive(v, cluster, device) for v in variables])
+    _after(received, tf1.local_variables())
+    local_init = tf.group(received, tf1.local_variables_initializer(),
+                          tf1.tables_initializer(), name="local_init")
   return tf1.train.Scaffold(
       ready_op=tf.constant([], tf.string),
       ready_for_local_init_op=tf.constant([], tf.string),
       local_init_op=local_init, copy_from_scaffold=scaffold)
+
+
+def _after(received: tf.Operation, local_variables: list) -> None:
+  """A local variable whose initial value reads a global one (a tower's
+  replicated copy reads tower 0's) reads it after the chief's value came."""
+  for variable in local_variables:
+    source = getattr(variable, "initial_value", None)
+    if source is None or source.op.type != "Identity":
+      continue
+    reads = [t.op for t in source.op.inputs if t.op.type in _READS]
+    for op in reads or [source.op]:
+      op._add_control_inputs([received])  # pylint: disable=protected-access
 
 
 def _receive(variable, cluster: AllReduceCluster, device: str):

@@ -16,7 +16,7 @@ needs and hands everything else to TensorFlow's:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 import tensorflow as tf
@@ -46,14 +46,33 @@ def train_and_evaluate(estimator: tf.estimator.Estimator,
   cluster = all_reduce_job.AllReduceCluster.from_run_config(estimator.config)
   if cluster is None:
     return tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+  run_task(estimator, lambda: estimator.train(
+      train_spec.input_fn, hooks=list(train_spec.hooks),
+      max_steps=train_spec.max_steps), peer_timeout_secs)
+  return None, None
+
+
+def run_task(estimator: tf.estimator.Estimator, train: Callable[[], Any],
+             peer_timeout_secs: float = health.DEFAULT_TIMEOUT_SECS) -> Any:
+  """Starts this all-reduce task's server, then `train()` under a
+  `PeerWatch`; returns what `train` returned.
+
+  Raises:
+    ValueError: the Estimator's RunConfig (TF_CONFIG) is no all-reduce
+      cluster's chief or worker.
+  """
+  cluster = all_reduce_job.AllReduceCluster.from_run_config(estimator.config)
+  if cluster is None:
+    raise ValueError(
+        "run_task needs TF_CONFIG to describe a chief or worker of a cluster "
+        "with a chief, workers and no ps; got task "
+        f"{estimator.config.task_type!r} of {estimator.config.cluster_spec}.")
   server = start_server(cluster, estimator)
   logging.info("All-reduce task %s of %d started at %s",
                cluster.tasks[cluster.position], len(cluster.tasks),
                server.target)
   with health.PeerWatch(peers(cluster), peer_timeout_secs):
-    estimator.train(train_spec.input_fn, hooks=list(train_spec.hooks),
-                    max_steps=train_spec.max_steps)
-  return None, None
+    return train()
 
 
 def start_server(cluster: all_reduce_job.AllReduceCluster,

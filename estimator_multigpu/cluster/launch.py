@@ -3,6 +3,9 @@
     python -m estimator_multigpu.cluster.launch --num_ps 1 --num_workers 2 -- \\
         --model_name=mlp --max_steps=300 --model_dir=runs/cluster
 
+With `--num_ps 0` it starts an all-reduce job (a chief and workers; pass
+`--variable_update=replicated` to the script).
+
 Every task runs `python <script> <flags after -->` plus its cluster flags
 (`--ps_hosts`, `--worker_hosts`, `--job_name`, `--task_index`; worker 0 is
 the chief), or with `--tf_config` the same cluster in a TF_CONFIG environment
@@ -235,9 +238,12 @@ def parse_args(argv: Sequence[str]) -> tuple:
 
 
 def check_args(parser, args, script_args: list) -> None:
-  if args.num_ps < 1 or args.num_workers < 1:
+  if args.num_ps < 0 or args.num_workers < 1 or (
+      args.num_ps == 0 and args.num_workers < 2):
     parser.error(f"--num_ps={args.num_ps} and --num_workers="
-                 f"{args.num_workers}; each must be at least 1.")
+                 f"{args.num_workers}; each must be at least 1 (or --num_ps "
+                 "0 with at least 2 workers: an all-reduce job, whose tasks "
+                 "need --variable_update=replicated after --).")
   if not os.path.isfile(args.script):
     parser.error(f"--script={args.script} does not exist (relative to "
                  f"{os.getcwd()}); run from the repository root or give "

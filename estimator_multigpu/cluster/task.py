@@ -63,7 +63,12 @@ class Task:
 
   @property
   def ps_hosts(self) -> list:
-    return list(self.cluster[PS])
+    return list(self.cluster.get(PS, []))
+
+  @property
+  def all_reduce(self) -> bool:
+    """A cluster without ps: the trainers all-reduce (`all_reduce_job`)."""
+    return not self.cluster.get(PS)
 
   @property
   def trainers(self) -> list:
@@ -86,15 +91,17 @@ def task_from_flags(ps_hosts: Sequence[str], worker_hosts: Sequence[str],
       or `task_index` is outside the job's host list.
   """
   for name, hosts in (("ps_hosts", ps_hosts), ("worker_hosts", worker_hosts)):
-    if not hosts:
+    if not hosts and (name == "worker_hosts" or len(worker_hosts or []) < 2):
       raise ValueError(
           f"--{name} is empty; a cluster needs at least one ps and one worker "
           "address, e.g. --ps_hosts=ps0:2222 --worker_hosts=w0:2222,w1:2222, "
-          "the same on every task.")
+          "the same on every task (or, with no ps, two or more workers that "
+          "all-reduce: --variable_update=replicated).")
   if job_name not in (PS, WORKER, EVALUATOR):
     raise ValueError(f"--job_name is {job_name!r}; expected ps, worker or "
                      "evaluator (worker 0 is the chief).")
-  cluster = {PS: list(ps_hosts), CHIEF: [worker_hosts[0]]}
+  cluster = {PS: list(ps_hosts)} if ps_hosts else {}
+  cluster[CHIEF] = [worker_hosts[0]]
   if len(worker_hosts) > 1:
     cluster[WORKER] = list(worker_hosts[1:])
   hosts = {PS: ps_hosts, WORKER: worker_hosts}.get(job_name)
@@ -163,15 +170,16 @@ def training_cluster(cluster: dict) -> dict:
 def check_task(task: Task) -> Task:
   """Checks that `task` is a ps/chief/worker cluster task or an evaluator."""
   unknown = sorted(set(task.cluster) - {PS, CHIEF, WORKER})
-  if unknown or len(task.cluster.get(CHIEF, [])) != 1 or not task.cluster.get(
-      PS):
+  if unknown or len(task.cluster.get(CHIEF, [])) != 1 or not (
+      task.cluster.get(PS) or task.cluster.get(WORKER)):
     raise ValueError(
         f"The cluster has jobs {sorted(task.cluster)} with "
         f"{len(task.cluster.get(CHIEF, []))} chief(s) and "
         f"{len(task.cluster.get(PS, []))} ps; expected exactly one chief, at "
-        "least one ps and optionally workers (a TFJob needs a Chief replica "
-        "spec with replicas: 1; rename a `master` job to `chief`; without ps "
-        "tasks, train on one machine instead).")
+        "least one ps and optionally workers, or a chief and workers without "
+        "ps (an all-reduce job, --variable_update=replicated) (a TFJob needs "
+        "a Chief replica spec with replicas: 1; rename a `master` job to "
+        "`chief`; a chief alone: train on one machine instead).")
   if task.type not in TASK_TYPES:
     raise ValueError(f"The task type is {task.type!r}; expected one of "
                      f"{', '.join(TASK_TYPES)}.")
@@ -227,7 +235,7 @@ def session_config(task: Task,
   config = tf1.ConfigProto()
   if base is not None:
     config.CopyFrom(base)
-  if task.type in (CHIEF, WORKER):
+  if task.type in (CHIEF, WORKER) and not task.all_reduce:
     config.device_filters[:] = [f"/job:{PS}", task.device]
   return config
 
