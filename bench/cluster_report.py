@@ -1,0 +1,112 @@
+"""Results of `bench.cluster`: one job's summary, the table, the markdown."""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+from bench import cluster_model
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def summarize(record: dict, system: str, tasks: int, towers: int,
+              global_batch: int, warmup: int) -> dict:
+  """Rate and bytes per step of one job, from its chief's step record."""
+  steps, lo = record["steps"], record["lo_bytes"]
+  timed = steps[-1] - steps[warmup - 1]
+  model_bytes = record["model_bytes"]
+  return {
+      "examples_per_sec": cluster_model.examples_per_sec(
+          record["times"], steps, global_batch, warmup),
+      "timed_steps": timed, "model_bytes": model_bytes,
+      "derived_bytes_per_step": cluster_model.wire_bytes_per_step(
+          system, model_bytes, tasks, towers),
+      "loopback_bytes_per_step": (lo[-1] - lo[warmup - 1]) / timed,
+  }
+
+
+def rederive(run: dict) -> dict:
+  """`run` with its derived bytes recomputed by the current formulas."""
+  if "error" in run:
+    return run
+  return {**run, "derived_bytes_per_step": cluster_model.wire_bytes_per_step(
+      run["system"], run["model_bytes"], run["tasks"], run["towers"])}
+
+
+def run_line(run: dict) -> str:
+  """One progress line per job."""
+  head = (f"{run['model']} {run['system']} {run['tasks']} tasks x"
+          f"{run['towers']}: ")
+  if "error" in run:
+    return head + f"FAILED {run['error']} {run['codes']}"
+  return head + (f"{run['examples_per_sec']:.0f} ex/s, "
+                 f"{run['loopback_bytes_per_step'] / 1e6:.1f} MB/step on lo "
+                 f"(derived {run['derived_bytes_per_step'] / 1e6:.1f}); job "
+                 f"{run['job_seconds']:.0f} s")
+
+
+def _key(run: dict) -> tuple:
+  return run["model"], run["tasks"], run["towers"]
+
+
+def _system_stats(runs: list) -> dict:
+  """Median and range of the rates, medians of the bytes, of one system."""
+  ok = [r for r in runs if "error" not in r]
+  if not ok:
+    return {"runs": 0}
+  rates = [r["examples_per_sec"] for r in ok]
+  return {"runs": len(ok), "median": statistics.median(rates),
+          "min": min(rates), "max": max(rates),
+          "derived_mb": ok[0]["derived_bytes_per_step"] / 1e6,
+          "loopback_mb": statistics.median(
+              r["loopback_bytes_per_step"] for r in ok) / 1e6,
+          "model_mb": ok[0]["model_bytes"] / 1e6}
+
+
+def table_rows(runs: list) -> list:
+  """One row per (model, tasks, towers): both systems and their ratio."""
+  rows = []
+  for key in dict.fromkeys(_key(r) for r in runs):
+    row = {"model": key[0], "tasks": key[1], "towers": key[2]}
+    for system in ("ps", "allreduce"):
+      row[system] = _system_stats([r for r in runs if _key(r) == key and
+                                   r["system"] == system])
+    if row["ps"]["runs"] and row["allreduce"]["runs"]:
+      row["ratio"] = row["allreduce"]["median"] / row["ps"]["median"]
+    rows.append(row)
+  return rows
+
+
+def _cell(stats: dict) -> str:
+  if not stats["runs"]:
+    return "failed"
+  return f"{stats['median']:.0f} [{stats['min']:.0f}–{stats['max']:.0f}]"
+
+
+def _bytes(stats: dict) -> str:
+  if not stats["runs"]:
+    return "–"
+  return f"{stats['derived_mb']:.1f} / {stats['loopback_mb']:.1f}"
+
+
+def markdown(config: dict, rows: list) -> str:
+  """The results table, with the run's settings in its heading."""
+  lines = [
+      f"\n## ps sync vs all-reduce on loopback ({config['cpu_count']} cores; "
+      f"{config['rounds']} runs per system, alternating; {config['steps']} "
+      f"steps, the first {config['warmup']} left out; load average before "
+      f"{config['load_average_before']:.1f})\n",
+      "| model | tasks × towers | P (MB) | ps ex/s median [min–max] | "
+      "all-reduce ex/s median [min–max] | all-reduce / ps | ps MB/step "
+      "derived / lo | all-reduce MB/step derived / lo |",
+      "|---|---|---|---|---|---|---|---|"]
+  for row in rows:
+    model_mb = next((row[s]["model_mb"] for s in ("ps", "allreduce")
+                     if row[s]["runs"]), float("nan"))
+    ratio = f"{row['ratio']:.2f}×" if "ratio" in row else "–"
+    lines.append(
+        f"| {row['model']} | {row['tasks']} × {row['towers']} | "
+        f"{model_mb:.2f} | {_cell(row['ps'])} | {_cell(row['allreduce'])} | "
+        f"{ratio} | {_bytes(row['ps'])} | {_bytes(row['allreduce'])} |")
+  return "\n".join(lines)

@@ -1,0 +1,193 @@
+"""One task of a `bench.cluster` job: `python -m bench.cluster_task ...`.
+
+`--system=ps`: the classic flags (`--ps_hosts`, `--worker_hosts`,
+`--job_name`, `--task_index`; worker 0 is the chief); a ps serves until the
+job ends, a trainer runs `multi_gpu` (shared variables) with
+SyncReplicasOptimizer under `job_control.run_trainer`, like
+`tests/cluster/linear_cluster.py`. `--system=allreduce`: TF_CONFIG (chief +
+workers), `multi_gpu(variable_update="replicated")` through
+`emg.train_and_evaluate`, like `tests/cluster/all_reduce_task.py`.
+
+Every trainer trains `--model` on its own synthetic batch (the model's
+`bench.specs` batch, split over `--towers` virtual CPUs) and writes
+`--out`: the wall-clock time, global step and loopback bytes after each
+step, and the trainable variables' bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+import estimator_multigpu as emg  # pylint: disable=wrong-import-position
+from estimator_multigpu import cluster  # pylint: disable=wrong-import-position
+from estimator_multigpu.cluster import job_control  # pylint: disable=wrong-import-position
+from bench import models, specs  # pylint: disable=wrong-import-position
+
+tf1 = tf.compat.v1
+
+
+def loopback_bytes() -> int:
+  """Bytes sent on `lo` so far, by every process (/proc/net/dev)."""
+  with open("/proc/net/dev") as dev:
+    for line in dev:
+      name, _, counters = line.partition(":")
+      if name.strip() == "lo":
+        return int(counters.split()[8])
+  return 0
+
+
+class StepRecorder(tf1.train.SessionRunHook):
+  """Time, global step and loopback bytes after each step; JSON at the end."""
+
+  def __init__(self, path: str):
+    self._path = path
+    self._record = {"times": [], "steps": [], "lo_bytes": []}
+
+  def begin(self):
+    self._step = tf1.train.get_global_step()
+    self._record["model_bytes"] = sum(
+        v.shape.num_elements() * v.dtype.base_dtype.size
+        for v in tf1.trainable_variables() if not v.op.name.startswith(
+            "tower_"))
+
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs(self._step)
+
+  def after_run(self, run_context, run_values):
+    self._record["times"].append(time.time())
+    self._record["steps"].append(int(run_values.results) + 1)
+    self._record["lo_bytes"].append(loopback_bytes())
+
+  def end(self, session):
+    with open(self._path, "w") as out:
+      json.dump(self._record, out)
+
+
+class OrderTowerCopies(tf1.train.SessionRunHook):
+  """Workaround: tower copies read tower 0 only after the chief's broadcast.
+
+  `replicated.local_copy` builds each copy's initial read outside every
+  control dependency, so in `broadcast_scaffold`'s local_init_op a worker's
+  tower 1.. can read tower 0's variable before the worker initialized it
+  (FailedPrecondition "Could not find variable", seen every time here at 2
+  towers) or before the chief's values arrived. This orders those reads
+  after the broadcast's assignments, before the graph is finalized.
+  """
+
+  def begin(self):
+    graph = tf1.get_default_graph()
+    received = [op for op in graph.get_operations()
+                if op.name.startswith("from_chief/") and
+                op.type in ("AssignVariableOp", "Assign")]
+    reads = [op for op in graph.get_operations()
+             if "/copy_from_tower_0/" in op.name and
+             op.type in ("ReadVariableOp", "Identity")]
+    for op in reads:
+      op._add_control_inputs(received)  # pylint: disable=protected-access
+    print(f"OrderTowerCopies: {len(reads)} copy reads after "
+          f"{len(received)} broadcast assignments", flush=True)
+
+
+def make_model_fn(spec: specs.ModelSpec, replicas: int):
+  """The bench model_fn; SyncReplicasOptimizer when `replicas` > 0."""
+  def model_fn(features, labels, mode, config):
+    loss = models.logits_and_loss(spec, features, labels)
+    optimizer = models.make_optimizer()
+    if replicas:
+      optimizer = tf1.train.SyncReplicasOptimizer(optimizer, replicas,
+                                                  replicas)
+    optimizer = emg.TowerOptimizer(optimizer)
+    train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+    hooks = ([optimizer.make_session_run_hook(config.is_chief, num_tokens=0)]
+             if replicas else [])
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
+                                      training_hooks=hooks)
+  return model_fn
+
+
+def run_config(args, session_config) -> tf.estimator.RunConfig:
+  """No checkpoints or summaries inside the timed steps."""
+  return tf.estimator.RunConfig(
+      model_dir=args.model_dir, save_checkpoints_steps=None,
+      save_checkpoints_secs=None, save_summary_steps=0,
+      log_step_count_steps=None, session_config=session_config)
+
+
+def run_ps_system(args, spec: specs.ModelSpec) -> None:
+  """A ps task or a synchronous trainer of a ps job."""
+  task = cluster.resolve_task(args.ps_hosts, args.worker_hosts, args.job_name,
+                              args.task_index, None)
+  if task.type == cluster.PS:
+    job_control.serve_ps(task, linger_secs=10)
+    return
+  os.environ["TF_CONFIG"] = task.tf_config()
+  base = emg.make_session_config(num_cpus=args.towers)
+  model_fn = emg.multi_gpu(make_model_fn(spec, len(task.trainers)),
+                           devices=towers(args))
+  estimator = tf.estimator.Estimator(
+      model_fn, config=run_config(args, cluster.session_config(task, base)))
+  recorder = StepRecorder(args.out)
+  job_control.run_trainer(
+      task, lambda hooks: estimator.train(
+          models.make_input_fn(spec, spec.global_batch_size),
+          max_steps=args.steps, hooks=[recorder] + hooks),
+      sync_replicas=True, base_config=base, ps_wait_secs=60)
+
+
+def run_allreduce_system(args, spec: specs.ModelSpec) -> None:
+  """A chief or worker of an all-reduce job (TF_CONFIG)."""
+  model_fn = emg.multi_gpu(make_model_fn(spec, 0), devices=towers(args),
+                           variable_update="replicated")
+  estimator = tf.estimator.Estimator(model_fn, config=run_config(
+      args, emg.make_session_config(num_cpus=args.towers)))
+  input_fn = models.make_input_fn(spec, spec.global_batch_size)
+  emg.train_and_evaluate(
+      estimator, tf.estimator.TrainSpec(input_fn, max_steps=args.steps,
+                                        hooks=[StepRecorder(args.out),
+                                               OrderTowerCopies()]),
+      tf.estimator.EvalSpec(input_fn, steps=1), peer_timeout_secs=60)
+
+
+def towers(args) -> list:
+  return [f"/cpu:{i}" for i in range(args.towers)]
+
+
+def parse(argv):
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--system", choices=("ps", "allreduce"), required=True)
+  parser.add_argument("--model", default="mlp", choices=sorted(specs.MODELS))
+  parser.add_argument("--towers", type=int, default=1)
+  parser.add_argument("--steps", type=int, default=40)
+  parser.add_argument("--model_dir", required=True)
+  parser.add_argument("--out", required=True)
+  for name in ("ps_hosts", "worker_hosts"):
+    parser.add_argument(f"--{name}", type=lambda text: text.split(","))
+  parser.add_argument("--job_name")
+  parser.add_argument("--task_index", type=int, default=0)
+  return parser.parse_args(argv)
+
+
+def main(argv) -> None:
+  status = 0
+  try:
+    args = parse(argv)
+    tf.get_logger().setLevel("ERROR")
+    run = run_ps_system if args.system == "ps" else run_allreduce_system
+    run(args, specs.get_model(args.model))
+  except Exception:  # pylint: disable=broad-except
+    traceback.print_exc()
+    status = 1
+  cluster.exit_process(status)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
