@@ -72,31 +72,6 @@ class StepRecorder(tf1.train.SessionRunHook):
       json.dump(self._record, out)
 
 
-class OrderTowerCopies(tf1.train.SessionRunHook):
-  """Workaround: tower copies read tower 0 only after the chief's broadcast.
-
-  `replicated.local_copy` builds each copy's initial read outside every
-  control dependency, so in `broadcast_scaffold`'s local_init_op a worker's
-  tower 1.. can read tower 0's variable before the worker initialized it
-  (FailedPrecondition "Could not find variable", seen every time here at 2
-  towers) or before the chief's values arrived. This orders those reads
-  after the broadcast's assignments, before the graph is finalized.
-  """
-
-  def begin(self):
-    graph = tf1.get_default_graph()
-    received = [op for op in graph.get_operations()
-                if op.name.startswith("from_chief/") and
-                op.type in ("AssignVariableOp", "Assign")]
-    reads = [op for op in graph.get_operations()
-             if "/copy_from_tower_0/" in op.name and
-             op.type in ("ReadVariableOp", "Identity")]
-    for op in reads:
-      op._add_control_inputs(received)  # pylint: disable=protected-access
-    print(f"OrderTowerCopies: {len(reads)} copy reads after "
-          f"{len(received)} broadcast assignments", flush=True)
-
-
 def make_model_fn(spec: specs.ModelSpec, replicas: int):
   """The bench model_fn; SyncReplicasOptimizer when `replicas` > 0."""
   def model_fn(features, labels, mode, config):
@@ -152,8 +127,7 @@ def run_allreduce_system(args, spec: specs.ModelSpec) -> None:
   input_fn = models.make_input_fn(spec, spec.global_batch_size)
   emg.train_and_evaluate(
       estimator, tf.estimator.TrainSpec(input_fn, max_steps=args.steps,
-                                        hooks=[StepRecorder(args.out),
-                                               OrderTowerCopies()]),
+                                        hooks=[StepRecorder(args.out)]),
       tf.estimator.EvalSpec(input_fn, steps=1), peer_timeout_secs=60)
 
 
