@@ -7,6 +7,7 @@ same initial values (the chief's model.ckpt-0).
 """
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -150,3 +151,20 @@ def test_a_restarted_job_resumes_from_the_chief_checkpoint(tmp_path):
   for name, value in expected.items():
     np.testing.assert_allclose(reader.get_tensor(name), value, atol=1e-5,
                                err_msg=name)
+
+
+def test_train_py_all_reduce_job_through_the_launcher(tmp_path):
+  """--num_ps 0: train.py's chief and worker all-reduce (2 towers each, a
+  net larger than the linear one), the evaluator reports the metrics."""
+  from test_distributed import run_launcher  # pylint: disable=g-import-not-at-top
+  model_dir = str(tmp_path / "model")
+  status, output, logs = run_launcher(
+      tmp_path, "--num_ps", "0", "--num_workers", "2", "--evaluator", "--",
+      "--model_name=mlp", "--max_steps=30", "--virtual_cpus=2",
+      "--variable_update=replicated", f"--model_dir={model_dir}",
+      "--save_checkpoints_steps=30")
+  assert status == 0, output[-3000:]
+  assert re.search(r"evaluator_0 final metrics: accuracy=\S+ "
+                   r"global_step=30", output), output[-2000:]
+  assert tf.train.load_checkpoint(model_dir).get_tensor("global_step") == 30
+  assert "Training done" in open(f"{logs}/worker_1.log").read()

@@ -477,3 +477,13 @@ def test_launcher_summary_shows_the_evaluators_metrics_and_the_logs(
   assert "evaluator_0 final metrics: accuracy=0.9500 global_step=100" in text
   assert text.endswith(f"logs in {tmp_path}")
   assert launch.final_metrics(str(tmp_path / "missing.log")) is None
+
+
+def test_workers_without_ps_make_an_all_reduce_cluster():
+  workers = ["w0:1", "w1:1", "w2:1"]
+  chief = cluster.task_from_flags([], workers, "worker", 0)
+  assert chief.cluster == {"chief": ["w0:1"], "worker": ["w1:1", "w2:1"]}
+  assert chief.all_reduce and chief.is_chief and chief.ps_hosts == []
+  config = cluster.session_config(chief, None)
+  assert list(config.device_filters) == []  # every task sees every task.
+  assert not cluster.task_from_flags(["p:1"], workers, "worker", 0).all_reduce
