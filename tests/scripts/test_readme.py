@@ -73,8 +73,11 @@ BLOCKS = (
               ("--dataset_dir=/data/cars", "--dataset_dir=/data/flowers"),
               ("--image_size=32 --check", "--image_size=32 --batch_size=8 "
                "--check"))),
-    Block("python -m estimator_multigpu.cluster.launch", subs=(
+    Block("python -m estimator_multigpu.cluster.launch --num_ps 1", subs=(
         ("--max_steps=2000", "--max_steps=20"),
+        ("--evaluator --", "--evaluator --script={root}/train.py --"))),
+    Block("python -m estimator_multigpu.cluster.launch --num_ps 0", subs=(
+        ("--max_steps=200", "--max_steps=20 --virtual_cpus=2"),
         ("--evaluator --", "--evaluator --script={root}/train.py --"))),
     Block("python -m estimator_multigpu.devices"),
     Block("import estimator_multigpu as emg\nfrom estimator_multigpu import "
@@ -85,7 +88,7 @@ BLOCKS = (
               ("tf.compat.v1.Session()", "tf.compat.v1.Session(config=emg."
                "make_session_config(num_cpus=2))"))),
 )
-SLOW_KEYS = ("python -m estimator_multigpu.cluster.launch",)
+SLOW_KEYS = ("python -m estimator_multigpu.cluster.launch",)  # prefixes.
 
 
 def readme_blocks() -> list:
