@@ -36,7 +36,7 @@ from typing import Callable, Optional, Sequence
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.build import ema
+from estimator_multigpu.graph import ema
 from estimator_multigpu import slim_compat
 
 import classifier

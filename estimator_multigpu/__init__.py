@@ -25,7 +25,7 @@ _PUBLIC = {
     "TowerOptimizer": "update.tower_optimizer",
     "make_session_config": "devices",
     "make_parallel": "parallel",
-    "tower_devices": "build.plan",
+    "tower_devices": "graph.plan",
     "cross_tower_moments": "cross_tower.moments",
     "global_ratio": "cross_tower.tools",
     "cross_tower_sum": "cross_tower.tools",

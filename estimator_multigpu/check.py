@@ -29,8 +29,8 @@ from tensorflow.python.util import function_utils  # pylint: disable=g-direct-te
 
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import replicate
-from estimator_multigpu.build import calling
-from estimator_multigpu.build import plan as plan_lib
+from estimator_multigpu.graph import calling
+from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.update import clipping
 
 tf1 = tf.compat.v1

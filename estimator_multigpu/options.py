@@ -15,8 +15,8 @@ from absl import logging
 from estimator_multigpu.update import accumulation
 from estimator_multigpu.strategies import allreduce
 from estimator_multigpu import devices as devices_lib
-from estimator_multigpu.build import precision
-from estimator_multigpu.build import plan as plan_lib
+from estimator_multigpu.graph import precision
+from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu import strategies
 LOSS_REDUCTIONS = ("mean", "sum")
 

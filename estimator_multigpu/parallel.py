@@ -17,11 +17,11 @@ from tensorflow.python.util import nest as nest_lib  # pylint: disable=g-direct-
 
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import options as options_lib
-from estimator_multigpu.build import empty_shards
-from estimator_multigpu.build import plan as plan_lib
-from estimator_multigpu.build import splitting
+from estimator_multigpu.graph import empty_shards
+from estimator_multigpu.graph import plan as plan_lib
+from estimator_multigpu.graph import splitting
 from estimator_multigpu.strategies import shared
-from estimator_multigpu.build import towers as towers_lib
+from estimator_multigpu.graph import towers as towers_lib
 tf1 = tf.compat.v1
 
 

@@ -16,14 +16,14 @@ import tensorflow as tf
 
 from estimator_multigpu import options as options_lib
 from estimator_multigpu import strategies
-from estimator_multigpu.build import calling
-from estimator_multigpu.build import ema as ema_lib
-from estimator_multigpu.build import empty_shards
-from estimator_multigpu.build import plan as plan_lib
-from estimator_multigpu.build import precision as precision_lib
-from estimator_multigpu.build import specs as specs_lib
-from estimator_multigpu.build import splitting
-from estimator_multigpu.build import towers as towers_lib
+from estimator_multigpu.graph import calling
+from estimator_multigpu.graph import ema as ema_lib
+from estimator_multigpu.graph import empty_shards
+from estimator_multigpu.graph import plan as plan_lib
+from estimator_multigpu.graph import precision as precision_lib
+from estimator_multigpu.graph import specs as specs_lib
+from estimator_multigpu.graph import splitting
+from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.cluster import all_reduce_job
 from estimator_multigpu.cross_tower import collectives
 from estimator_multigpu.cross_tower import context

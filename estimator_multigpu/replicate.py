@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from estimator_multigpu import options as options_lib
 from estimator_multigpu import pipeline
-from estimator_multigpu.build import plan as plan_lib
+from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu import slim_compat
 
 tf1 = tf.compat.v1
@@ -113,7 +113,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
 
   With `ema_decay`, shadow variables `<name>/ExponentialMovingAverage` track
   the trainable variables and batch-norm moving statistics after every step
-  (see `estimator_multigpu.build.ema`), and EVAL, PREDICT and export use them.
+  (see `estimator_multigpu.graph.ema`), and EVAL, PREDICT and export use them.
 
   Gradient accumulation (`accumulate_steps=k`, `estimator_multigpu.
   update.accumulation`): each training step reads k consecutive batches from
@@ -126,7 +126,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   UPDATE_OPS run with every micro-batch. Effective batch = k × global batch.
 
   Mixed precision (`mixed_precision="bfloat16"` or `"float16"`,
-  `estimator_multigpu.build.precision`): inside the towers the floating
+  `estimator_multigpu.graph.precision`): inside the towers the floating
   features are cast to the low precision and variables requested in it by
   `get_variable`, tf-slim, `tf.compat.v1.layers` or Keras layers are float32
   masters read through casts; the loss is differentiated in float32 and the

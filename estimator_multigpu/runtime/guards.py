@@ -19,7 +19,7 @@ from typing import Callable, Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.build import specs
+from estimator_multigpu.graph import specs
 tf1 = tf.compat.v1
 
 

@@ -2,7 +2,7 @@
 
 tf_cnn_benchmarks' `parameter_server`, tensorpack's
 `SyncMultiGPUTrainerParameterServer`. Tower 0 creates the variables (placed
-on `plan.variable_device`), towers 1.. read them (`build.sharing`). `combine`
+on `plan.variable_device`), towers 1.. read them (`graph.sharing`). `combine`
 sums the towers' weighted gradients per variable on the aggregation device
 (`IndexedSlices` stay sparse, None is skipped); `apply` applies them once
 with the wrapped optimizer, so `global_step` moves once per step.
@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-from estimator_multigpu.build import sharing
+from estimator_multigpu.graph import sharing
 from estimator_multigpu.strategies import base
 
 tf1 = tf.compat.v1

@@ -4,7 +4,7 @@ TensorFlow's `tf.compat.v1.mixed_precision.DynamicLossScale` holds the scale
 (initially 2¹⁵) and its rule: after `increment_period` (2000) finite updates
 in a row the scale doubles; on an Inf/NaN gradient it halves (not below 1) and
 the update is skipped. Each tower differentiates loss × scale
-(`build.precision.scale_loss`); the update chain divides the combined
+(`graph.precision.scale_loss`); the update chain divides the combined
 gradients by the scale (a power of two: exact) and applies them only if every
 gradient of the step, every tower's and every micro-batch's, was finite. A
 skipped update moves nothing, `global_step` and the EMA included. A skip is

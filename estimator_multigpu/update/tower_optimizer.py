@@ -18,8 +18,8 @@ from typing import Optional
 
 import tensorflow as tf
 
-from estimator_multigpu.build import precision
-from estimator_multigpu.build import towers as towers_lib
+from estimator_multigpu.graph import precision
+from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.strategies import base
 from estimator_multigpu.update import clipping
 tf1 = tf.compat.v1

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_multigpu.build import splitting
+from estimator_multigpu.graph import splitting
 tf1 = tf.compat.v1
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import numpy as np
 import tensorflow as tf
 
-from estimator_multigpu.build import splitting
+from estimator_multigpu.graph import splitting
 tf1 = tf.compat.v1
 
 trailing_shapes = st.lists(st.integers(1, 3), max_size=2)

@@ -15,8 +15,8 @@ from typing import Optional, Sequence, Union
 from absl import logging
 
 from estimator_multigpu import devices as devices_lib
-from estimator_multigpu.build import splitting
-from estimator_multigpu.build import towers as towers_lib
+from estimator_multigpu.graph import splitting
+from estimator_multigpu.graph import towers as towers_lib
 DevicesOption = Union[None, int, Sequence[str], Sequence[Sequence[str]]]
 
 
