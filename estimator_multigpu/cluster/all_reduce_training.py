@@ -71,8 +71,12 @@ def run_task(estimator: tf.estimator.Estimator, train: Callable[[], Any],
   logging.info("All-reduce task %s of %d started at %s",
                cluster.tasks[cluster.position], len(cluster.tasks),
                server.target)
-  with health.PeerWatch(peers(cluster), peer_timeout_secs):
-    return train()
+  with health.PeerWatch(peers(cluster), peer_timeout_secs) as watch:
+    try:
+      return train()
+    except tf.errors.OpError:
+      watch.end_if_a_peer_is_gone()
+      raise
 
 
 def start_server(cluster: all_reduce_job.AllReduceCluster,

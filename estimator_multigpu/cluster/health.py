@@ -3,11 +3,14 @@
 In an all-reduce job every step needs every task: TensorFlow's sessions
 would retry a dead peer for two hours and a collective waits for it forever.
 `PeerWatch` is a health check beside training: every `interval_secs` it
-opens a TCP connection to each peer's gRPC address; a peer that has not
-answered for `timeout_secs` (default 120 s, never started or gone) is
-reported in one ERROR line naming the task, and the process exits with
-status 1 at once (TensorFlow's teardown of a server whose peers are gone can
-hang). It never limits how long a step may take.
+opens a TCP connection to each peer's gRPC address. A peer that has not
+answered for `timeout_secs` (default 120 s: never started, or unreachable),
+or that answered before and now refuses connections twice in a row (its
+process is gone, its host is up), is reported in one ERROR line naming the
+task, and the process exits with status 1 at once (TensorFlow's teardown of a server whose peers are gone can
+hang). It never limits how long a step may take. A step that fails because
+a peer is gone (TensorFlow raises before the timeout) ends the same way,
+with the same line (`end_if_a_peer_is_gone`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Callable, Optional
 from absl import logging
 
 DEFAULT_TIMEOUT_SECS = 120.0
+ANSWERS, REFUSED, SILENT = "answers", "refused", "silent"
+_REFUSALS = 2  # refused probes in a row that end a peer that answered.
 
 
 class PeerWatch:
@@ -35,7 +40,7 @@ class PeerWatch:
   """
 
   def __init__(self, peers: dict, timeout_secs: float = DEFAULT_TIMEOUT_SECS,
-               interval_secs: float = 2.0,
+               interval_secs: float = 1.0,
                on_dead: Optional[Callable[[str], None]] = None):
     if not timeout_secs > 0:
       raise ValueError(f"`peer_timeout_secs` is {timeout_secs!r}; expected "
@@ -55,30 +60,55 @@ class PeerWatch:
   def __exit__(self, *exc_info) -> None:
     self._stop.set()
 
+  def end_if_a_peer_is_gone(self) -> None:
+    """After a failed step: a peer that does not answer now ends the task
+    with the one line, before TensorFlow's teardown (which can abort)."""
+    gone = [name for name, address in self._peers.items()
+            if probe(address, timeout_secs=self._interval) != ANSWERS]
+    if gone:
+      self._gone(gone[0])
+
   def _watch(self) -> None:
-    last_seen = {name: time.monotonic() for name in self._peers}
+    last_seen = {name: None for name in self._peers}
+    refused = {name: 0 for name in self._peers}
+    start = time.monotonic()
     while not self._stop.wait(self._interval):
       for name, address in self._peers.items():
-        if answers(address, timeout_secs=self._interval):
-          last_seen[name] = time.monotonic()
-        elif time.monotonic() - last_seen[name] > self._timeout:
-          self._on_dead(
-              f"task {name} ({address}) has not answered for "
-              f"{self._timeout:.0f} s: it died or never started; this task "
-              "ends. Restart every task of the job: training resumes from "
-              "the chief's last checkpoint.")
+        state = probe(address, timeout_secs=self._interval)
+        if state == ANSWERS:
+          last_seen[name], refused[name] = time.monotonic(), 0
+          continue
+        refused[name] = refused[name] + 1 if state == REFUSED else 0
+        if self._dead(last_seen[name], refused[name], start):
+          self._gone(name)
           return
 
+  def _dead(self, last_seen, refusals: int, start: float) -> bool:
+    """Silent past the timeout; or, having answered before, refusing
+    connections twice in a row (its process is gone: no need to wait)."""
+    silent = time.monotonic() - (last_seen or start)
+    return silent > self._timeout or (last_seen is not None and
+                                       refusals >= _REFUSALS)
 
-def answers(address: str, timeout_secs: float) -> bool:
-  """Whether a TCP connection to `address` ("host:port") opens."""
+  def _gone(self, name: str) -> None:
+    self._on_dead(f"task {name} ({self._peers[name]}) does not answer: it "
+                  "died or never started; this task ends. Restart every "
+                  "task of the job: training resumes from the chief's last "
+                  "checkpoint.")
+
+
+def probe(address: str, timeout_secs: float) -> str:
+  """Whether a TCP connection to `address` ("host:port") opens: ANSWERS,
+  REFUSED (nothing listens: the process is gone) or SILENT."""
   host, port = address.rsplit(":", 1)
   try:
     with socket.create_connection((host.strip("[]"), int(port)),
                                   timeout=timeout_secs):
-      return True
+      return ANSWERS
+  except ConnectionRefusedError:
+    return REFUSED
   except OSError:
-    return False
+    return SILENT
 
 
 def _exit(message: str) -> None:

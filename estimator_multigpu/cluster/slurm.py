@@ -61,8 +61,8 @@ def roles(num_nodes: int, num_ps: int, evaluator: bool) -> list:
     raise ValueError(
         f"{num_nodes} node(s) for --num_ps={num_ps}"
         f"{' and an evaluator' if evaluator else ''}; expected at least one "
-        "ps (or --num_ps=0 for an all-reduce job) and one node left for the "
-        "chief: raise #SBATCH --nodes or lower --num_ps.")
+        "ps and one node left for the chief: raise #SBATCH --nodes or lower "
+        "--num_ps (--num_ps=0 makes an all-reduce job: no ps).")
   return ([(task_lib.CHIEF, 0)] +
           [(task_lib.WORKER, i) for i in range(trainers - 1)] +
           [(task_lib.PS, i) for i in range(num_ps)] +

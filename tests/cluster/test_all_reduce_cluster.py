@@ -127,16 +127,21 @@ def test_accumulation_and_ema_across_machines(tmp_path):
 
 
 def test_a_dead_worker_ends_the_job_within_the_peer_timeout(tmp_path):
+  """The chief ends within the bound. Usually the health check (or the
+  failed step) ends it with status 1 and one line naming the worker;
+  TensorFlow's own runtime sometimes crashes first on the broken
+  connection (SIGSEGV/SIGABRT): still bounded, without the line."""
   tasks = start_job(tmp_path, ["0:4", "4:7"], 1, 100000,
                     peer_timeout_secs=10)
   time.sleep(25)  # both running steps by now (or waiting for each other).
   tasks[1][1].send_signal(signal.SIGKILL)
-  codes = wait_all(tasks[:1], timeout=120)
-  assert codes["chief:0"] == 1
-  log = tasks[0][2].read_text()
-  errors = [line for line in log.splitlines()
-            if "has not answered for 10 s" in line]
-  assert len(errors) == 1 and "task worker:0" in errors[0], log[-2000:]
+  codes = wait_all(tasks[:1], timeout=60)
+  assert codes["chief:0"] in (1, -signal.SIGSEGV, -signal.SIGABRT), codes
+  if codes["chief:0"] == 1:
+    log = tasks[0][2].read_text()
+    errors = [line for line in log.splitlines()
+              if "does not answer: it died or never started" in line]
+    assert len(errors) == 1 and "task worker:0" in errors[0], log[-2000:]
 
 
 def test_a_restarted_job_resumes_from_the_chief_checkpoint(tmp_path):
@@ -168,3 +173,16 @@ def test_train_py_all_reduce_job_through_the_launcher(tmp_path):
                    r"global_step=30", output), output[-2000:]
   assert tf.train.load_checkpoint(model_dir).get_tensor("global_step") == 30
   assert "Training done" in open(f"{logs}/worker_1.log").read()
+
+
+def test_a_failed_step_with_a_dead_peer_ends_with_the_same_line():
+  """TensorFlow may raise before the watch's timeout: the task still ends
+  with one line naming the peer (here: nothing listens on the port)."""
+  from estimator_multigpu.cluster import health  # pylint: disable=g-import-not-at-top
+  port = launch.free_ports(1)[0]
+  lines = []
+  watch = health.PeerWatch({"worker:0": f"localhost:{port}"}, 60,
+                           on_dead=lines.append)
+  watch.end_if_a_peer_is_gone()
+  assert len(lines) == 1 and lines[0].startswith(
+      f"task worker:0 (localhost:{port}) does not answer")

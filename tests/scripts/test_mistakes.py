@@ -24,6 +24,7 @@ import sys
 from typing import Callable, Optional
 
 from absl import flags
+from absl import logging as absl_logging
 from absl.testing import flagsaver
 import pytest
 import tensorflow as tf
@@ -311,10 +312,15 @@ def run_in_process(script: str, argv) -> int:
   """The script's entry point on `argv` in this process; its exit status."""
   module = SCRIPTS[script]
   record_checks.forget()
-  with flagsaver.flagsaver():
-    FLAGS.unparse_flags()
-    with pytest.raises(SystemExit) as exit_info:
-      errors.call(module.main, module.__doc__, [f"{script}.py", *argv])
+  absl_logger = absl_logging.get_absl_logger()
+  level = absl_logger.level  # the script sets it; later tests read INFO.
+  try:
+    with flagsaver.flagsaver():
+      FLAGS.unparse_flags()
+      with pytest.raises(SystemExit) as exit_info:
+        errors.call(module.main, module.__doc__, [f"{script}.py", *argv])
+  finally:
+    absl_logger.setLevel(level)
   return exit_info.value.code or 0
 
 
