@@ -10,14 +10,20 @@
 The public surface is `__all__`: the names below, and the subpackages
 `devices` (device spellings, session configs, `python -m
 estimator_multigpu.devices`) and `cluster` (several machines). Everything
-else is internal and may change. Public names load on first use (PEP 562),
-so `import estimator_multigpu` does not import TensorFlow, and importing the
-package changes nothing else: tf-slim's fixes for TF 2.15 (`slim_compat`) are
-applied when `multi_gpu` wraps a model_fn, or explicitly with
-`slim_compat.apply_all()`.
+else is internal and may change. Public names load on first use (PEP 562).
+
+What importing the package does depends on the TensorFlow line
+(`compat.install`): on TF 2.15 nothing (TensorFlow is not even imported); on
+TF 2.16 to 2.21 it imports TensorFlow with `tf.keras` routed to tf-keras
+(`TF_USE_LEGACY_KERAS=1`) and makes tensorflow-estimator 2.15.0 available as
+`tf.estimator` and `tf.compat.v1.estimator`, so import it before the first
+use of `tf.estimator` or `tf.keras`. tf-slim's fixes (`slim_compat`) are
+applied when `multi_gpu` wraps a model_fn, or with `slim_compat.apply_all()`.
 """
 
 import importlib
+
+from estimator_multigpu import compat as _compat
 
 # Public name -> the module that defines it.
 _PUBLIC = {
@@ -51,18 +57,21 @@ def __getattr__(name: str):
       f"are {', '.join(__all__)}.")
 
 
-def _import(module: str):
+def _import(module: str, load=importlib.import_module):
   """Imports `module`; without TensorFlow, says which extra installs it."""
   try:
-    return importlib.import_module(module)
+    return load(module)
   except ModuleNotFoundError as error:
     if error.name not in ("tensorflow", "tensorflow_estimator"):
       raise
     raise ModuleNotFoundError(
-        f"estimator_multigpu needs TensorFlow 2.15, which is not installed "
-        f"(no module named {error.name!r}). Install the package with the "
-        "extra for your machine: pip install -e '.[cpu]' (CPU only) or "
-        "pip install -e '.[gpu]' (NVIDIA GPUs).", name=error.name) from None
+        f"estimator_multigpu needs TensorFlow 2.15 to 2.21, which is not "
+        f"installed (no module named {error.name!r}). Install the package "
+        "with the extra for your machine: pip install -e '.[cpu]' (CPU only) "
+        "or pip install -e '.[gpu]' (NVIDIA GPUs).", name=error.name) from None
+
+
+_import("install", lambda _: _compat.install())
 
 
 def __dir__():

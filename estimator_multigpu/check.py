@@ -24,15 +24,16 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import op_callbacks  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import function_utils  # pylint: disable=g-direct-tensorflow-import
 
+from estimator_multigpu import compat
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import replicate
 from estimator_multigpu.graph import calling
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.update import clipping
 
+op_callbacks = compat.internal("op_callbacks")
+function_utils = compat.internal("function_utils")
 tf1 = tf.compat.v1
 TRAIN = tf.estimator.ModeKeys.TRAIN
 

@@ -13,8 +13,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import nest as nest_lib  # pylint: disable=g-direct-tensorflow-import
 
+from estimator_multigpu import compat
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import options as options_lib
 from estimator_multigpu.graph import empty_shards
@@ -22,6 +22,8 @@ from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import splitting
 from estimator_multigpu.strategies import shared
 from estimator_multigpu.graph import towers as towers_lib
+
+nest_lib = compat.internal("nest")
 tf1 = tf.compat.v1
 
 

@@ -46,13 +46,14 @@ from typing import Any, Callable
 from absl import logging
 import tensorflow as tf
 import tf_slim
-from tensorflow.python.framework import tensor as _tensor_lib
 from tf_slim.layers import layers as _slim_layers
+
+from estimator_multigpu import compat
+
+_tensor_lib = compat.internal("tensor")
 
 tf1 = tf.compat.v1
 
-# Module that backs ``tf.compat.v1.layers`` when it is taken from Keras 2.x.
-_KERAS_V1_LAYERS = "keras.api._v1.keras.__internal__.legacy.layers"
 _STOCK_NORMALIZATION_LAYERS = _slim_layers.normalization_layers
 
 
@@ -65,8 +66,8 @@ def _legacy_layer(name: str) -> Any:
 
   Returns:
     ``tf.compat.v1.layers.<name>`` when it can be imported, otherwise the same
-    attribute of the Keras 2.x module that ``tf.compat.v1.layers`` normally
-    aliases.
+    attribute of the Keras 2 module that ``tf.compat.v1.layers`` normally
+    aliases (``compat.INTERNALS["keras_v1_layers"]``).
 
   Raises:
     ImportError: If neither source of legacy layers can be imported.
@@ -74,9 +75,9 @@ def _legacy_layer(name: str) -> Any:
   try:
     return getattr(tf1.layers, name)  # Lazy: the import happens here.
   except ImportError as error:
-    logging.warning("tf.compat.v1.layers unavailable (%s); using %s.",
-                    error, _KERAS_V1_LAYERS)
-  return getattr(importlib.import_module(_KERAS_V1_LAYERS), name)
+    logging.warning("tf.compat.v1.layers unavailable (%s); using %s.", error,
+                    compat.INTERNALS["keras_v1_layers"].module)
+  return getattr(compat.internal("keras_v1_layers"), name)
 
 
 @contextlib.contextmanager
@@ -188,22 +189,21 @@ def unpatch_slim_batch_norm() -> None:
 
 
 # Per TensorFlow module tf-slim imports: names it uses there that TF 2.15
-# moved, and where each lives now ("module:attribute").
+# moved, and where each lives now (a `compat.INTERNALS` key, the attribute).
 MOVED = {
     "tensorflow.python.framework.ops": {
-        "Tensor": "tensorflow.python.framework.tensor:Tensor",
-        "IndexedSlices":
-            "tensorflow.python.framework.indexed_slices:IndexedSlices"},
+        "Tensor": ("tensor", "Tensor"),
+        "IndexedSlices": ("slim_indexed_slices", "IndexedSlices")},
     "tensorflow.python.ops.array_ops": {
-        "stack": "tensorflow.python.ops.array_ops_stack:stack",
-        "unstack": "tensorflow.python.ops.array_ops_stack:unstack"},
+        "stack": ("slim_array_ops_stack", "stack"),
+        "unstack": ("slim_array_ops_stack", "unstack")},
     "tensorflow.python.ops.control_flow_ops": {
-        "cond": "tensorflow.python.ops.cond:cond",
-        "case": "tensorflow.python.ops.control_flow_case:case",
-        "while_loop": "tensorflow.python.ops.while_loop:while_loop",
-        "Assert": "tensorflow.python.ops.control_flow_assert:Assert"},
+        "cond": ("slim_cond", "cond"),
+        "case": ("slim_case", "case"),
+        "while_loop": ("slim_while_loop", "while_loop"),
+        "Assert": ("slim_assert", "Assert")},
     "tensorflow.python.ops.variable_scope": {
-        "variable": "tensorflow.python.ops.variable_v1:VariableV1"},
+        "variable": ("slim_variable_v1", "VariableV1")},
 }
 
 
@@ -220,8 +220,8 @@ class _WithMovedNames:
   def __getattr__(self, name):
     if hasattr(self.module, name) or name not in self._moved:
       return getattr(self.module, name)
-    module_name, attribute = self._moved[name].split(":")
-    return getattr(importlib.import_module(module_name), attribute)
+    key, attribute = self._moved[name]
+    return getattr(compat.internal(key), attribute)
 
 
 def slim_modules() -> list:

@@ -32,7 +32,11 @@ import weakref
 from typing import Any, Optional
 
 import tensorflow as tf
-from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-tensorflow-import
+
+from estimator_multigpu import compat
+
+collective_ops = compat.internal("collective_ops")
+
 
 tf1 = tf.compat.v1
 

@@ -38,6 +38,7 @@ from absl import logging
 import tensorflow as tf
 
 
+from estimator_multigpu import compat
 from estimator_multigpu.cross_tower import collectives
 from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.cross_tower import moments
@@ -45,7 +46,6 @@ from estimator_multigpu.cross_tower import patching
 
 tf1 = tf.compat.v1
 _WARNED: set = set()
-_KERAS_BATCH_NORM = "keras.src.layers.normalization.batch_normalization"
 
 
 def scope_factory(group: collectives.Group):
@@ -120,7 +120,7 @@ def _uninstall() -> None:
 
 
 def _keras_batch_norm_base() -> type:
-  return importlib.import_module(_KERAS_BATCH_NORM).BatchNormalizationBase
+  return compat.internal("keras_batch_norm").BatchNormalizationBase
 
 
 _PATCH = patching.Patch(_install, _uninstall)

@@ -26,12 +26,15 @@ from __future__ import annotations
 import contextlib
 
 import tensorflow as tf
-from tensorflow.python.ops.losses import losses_impl  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops.losses import util as losses_util  # pylint: disable=g-direct-tensorflow-import
 
+from estimator_multigpu import compat
 from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.cross_tower import patching
 from estimator_multigpu.cross_tower import tools
+
+losses_impl = compat.internal("losses_impl")
+losses_util = compat.internal("losses_util")
+
 
 tf1 = tf.compat.v1
 Reduction = tf1.losses.Reduction

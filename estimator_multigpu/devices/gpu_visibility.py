@@ -13,7 +13,11 @@ import ctypes
 import re
 from typing import Optional, Sequence, Union
 
-from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
+from estimator_multigpu import compat
+
+context = compat.internal("eager_context")
+
+
 
 GpuIds = Union[str, Sequence[Union[int, str]]]
 

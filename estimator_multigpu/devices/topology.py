@@ -27,7 +27,11 @@ import textwrap
 from typing import NamedTuple, Optional, Sequence
 
 import tensorflow as tf
-from tensorflow.python.client import device_lib  # pylint: disable=g-direct-tensorflow-import
+
+from estimator_multigpu import compat
+
+device_lib = compat.internal("device_lib")
+
 
 tf1 = tf.compat.v1
 

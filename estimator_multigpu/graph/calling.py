@@ -17,7 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.util import function_utils  # pylint: disable=g-direct-tensorflow-import
+
+from estimator_multigpu import compat
+
+function_utils = compat.internal("function_utils")
+
 
 ModeKeys = tf.estimator.ModeKeys
 

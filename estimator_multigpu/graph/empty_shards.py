@@ -23,9 +23,13 @@ import contextlib
 import threading
 
 import tensorflow as tf
-from tensorflow.python.framework import func_graph  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.framework import op_callbacks  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-direct-tensorflow-import
+
+from estimator_multigpu import compat
+
+func_graph = compat.internal("func_graph")
+op_callbacks = compat.internal("op_callbacks")
+_pywrap_util_port = compat.internal("util_port")
+
 
 tf1 = tf.compat.v1
 

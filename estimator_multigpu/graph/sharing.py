@@ -14,7 +14,11 @@ from __future__ import annotations
 import contextlib
 
 import tensorflow as tf
-from tensorflow.python.ops import variable_scope as vs_lib  # pylint: disable=g-direct-tensorflow-import
+
+from estimator_multigpu import compat
+
+vs_lib = compat.internal("variable_scope")
+
 
 tf1 = tf.compat.v1
 

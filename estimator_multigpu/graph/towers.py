@@ -18,10 +18,12 @@ import threading
 from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
-from tensorflow.python.ops import variable_scope as vs_lib  # pylint: disable=g-direct-tensorflow-import
 
+from estimator_multigpu import compat
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu.graph import sharing
+
+vs_lib = compat.internal("variable_scope")
 tf1 = tf.compat.v1
 
 # Graph collections a tower sees only its own items in; towers 1.. leave

@@ -28,7 +28,11 @@ import weakref
 from typing import Optional, Sequence
 
 import tensorflow as tf
-from tensorflow.python.ops import collective_ops  # pylint: disable=g-direct-tensorflow-import
+
+from estimator_multigpu import compat
+
+collective_ops = compat.internal("collective_ops")
+
 
 tf1 = tf.compat.v1
 

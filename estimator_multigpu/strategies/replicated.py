@@ -33,12 +33,14 @@ import copy
 from typing import Optional
 
 import tensorflow as tf
-from tensorflow.python.ops import ref_variable  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
+from estimator_multigpu import compat
 from estimator_multigpu.strategies import allreduce
 from estimator_multigpu.strategies import base
 from estimator_multigpu.strategies import shared
+
+ref_variable = compat.internal("ref_variable")
+resource_variable_ops = compat.internal("resource_variable_ops")
 tf1 = tf.compat.v1
 
 
