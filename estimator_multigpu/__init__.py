@@ -57,10 +57,10 @@ def __getattr__(name: str):
       f"are {', '.join(__all__)}.")
 
 
-def _import(module: str, load=importlib.import_module):
-  """Imports `module`; without TensorFlow, says which extra installs it."""
+def _import(module: str, load=None):
+  """Imports `module` (or runs `load`); without TensorFlow, names the extras."""
   try:
-    return load(module)
+    return (load or importlib.import_module)(module)
   except ModuleNotFoundError as error:
     if error.name not in ("tensorflow", "tensorflow_estimator"):
       raise
@@ -71,7 +71,7 @@ def _import(module: str, load=importlib.import_module):
         "or pip install -e '.[gpu]' (NVIDIA GPUs).", name=error.name) from None
 
 
-_import("install", lambda _: _compat.install())
+_import(__name__, lambda _: _compat.install())  # TF >= 2.16: tf.estimator.
 
 
 def __dir__():

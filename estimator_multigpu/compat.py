@@ -249,12 +249,9 @@ def _check_keras_not_loaded(tf: types.ModuleType) -> None:
   `tensorflow.__path__` (`from tensorflow.keras import layers`); the same
   import after `TF_USE_LEGACY_KERAS=1` puts tf-keras's first, as here.
   """
-  loader_class = internal("keras_loader").KerasLazyLoader
-  loaders = [vars(tf).get("keras"), vars(tf.compat.v1).get("keras")]
-  loaded = sys.modules.get("tensorflow.keras")
-  if any(isinstance(l, loader_class) and
-         vars(l).get("_tfll_keras_version") == "keras_3" for l in loaders) or (
-             loaded is not None and "tf_keras" not in loaded.__file__):
+  loaded = [vars(tf).get("keras"), vars(tf.compat.v1).get("keras"),
+            sys.modules.get("tensorflow.keras")]
+  if any(_is_keras_3(value) for value in loaded):
     raise ImportError(
         "estimator_multigpu: tf.keras was already used as Keras 3 in this "
         "process, and Keras 3 cannot build layers in a graph-mode Estimator "
@@ -265,6 +262,14 @@ def _check_keras_not_loaded(tf: types.ModuleType) -> None:
       "api", "_v2")
   if api not in tf.__path__:
     tf.__path__.insert(0, api)
+
+
+def _is_keras_3(value) -> bool:
+  """Whether `tf.keras` (a lazy loader, or what it loaded) is Keras 3."""
+  if isinstance(value, internal("keras_loader").KerasLazyLoader):
+    return vars(value).get("_tfll_keras_version") == "keras_3"
+  return (isinstance(value, types.ModuleType) and
+          not vars(value).get("__name__", "tf_keras").startswith("tf_keras"))
 
 
 # --------------------------------------- names TensorFlow 2.16 removed

@@ -10,6 +10,7 @@ from tensorflow.python.framework import tensor as tensor_lib
 from tf_slim.layers import layers as slim_layers
 
 import nets
+from estimator_multigpu import compat
 from estimator_multigpu import slim_compat
 from nets import cifarnet, lenet, mlp
 
@@ -230,7 +231,7 @@ def test_shim_falls_back_when_tf1_layers_cannot_import(monkeypatch):
     slim_compat._with_identity_equality.cache_clear()
   base = layer_class.__mro__[1]
   assert base.__name__ == "BatchNormalization"
-  assert base.__module__.startswith("keras.")
+  assert base.__module__.startswith(compat.keras_package() + ".")
 
 
 @pytest.mark.parametrize("is_training, num_updates", [(True, 2), (False, 0)])
