@@ -21,9 +21,18 @@ def test_readme_starts_with_the_main_job_and_the_tests():
   assert "pytest" in commands[1]
 
 
-def test_ci_runs_the_readme_test_command_verbatim():
+def newest_line_command():
+  """The Tests section's command for the newest TensorFlow line."""
+  text = (ROOT / "README.md").read_text().split("\n## Tests\n")[1]
+  block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+  return [line for line in block.splitlines() if ".venv-newest" in line][0]
+
+
+def test_ci_runs_the_readme_test_commands_verbatim():
   ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
   assert readme_commands()[1] in ci_lines
+  assert newest_line_command() in ci_lines
+  assert 'pytest -q -m "not slow" tests' in newest_line_command()
 
 
 def extras_installed(command):
@@ -38,6 +47,11 @@ def test_the_library_needs_only_its_own_dependencies():
   required = {re.split(r"[<>=\[]", line)[0] for line in setup["options"][
       "install_requires"].split()}
   assert required == {"tensorflow-estimator", "tf-slim", "numpy", "absl-py"}
+  for extra in ("cpu", "gpu"):  # one TensorFlow per Python version.
+    lines = setup["options.extras_require"][extra].strip().splitlines()
+    assert [l.split(";")[1].strip() for l in lines] == [
+        'python_version < "3.12"', 'python_version >= "3.12"',
+        'python_version >= "3.12"'], lines
   app = setup["options.extras_require"]["app"]
   assert "scikit-learn" in app and "tqdm" in app
 

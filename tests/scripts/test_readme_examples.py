@@ -47,8 +47,12 @@ BLOCKS = (
         ('python3 -m venv .venv && . .venv/bin/activate && pip install -e '
          '".[cpu,app]" && ', ""),
         ("python train.py &&", "python train.py --max_steps=30 &&"),
-        ('pip install -e ".[cpu,app,test]" && python -m pytest -q tests',
+        ('python3 -m venv .venv && . .venv/bin/activate && pip install -e '
+         '".[cpu,app,test]" && python -m pytest -q tests',
          ": the test suite, this test among it"))),
+    Block("# What CI runs (.ci/run)", skip=(
+        "installs a second environment and runs the test suite, this test "
+        "among it (.ci/run runs these lines)")),
     Block("import tensorflow as tf\nimport estimator_multigpu as emg\n\n@emg"),
     Block("# Token-level mean written by hand", skip=(
         "fragments of a model_fn body on the user's tensors (token_losses, "
