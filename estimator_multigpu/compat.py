@@ -36,6 +36,8 @@ import sys
 import types
 from typing import Optional, Tuple
 
+from absl import logging
+
 FIRST_SUPPORTED = (2, 15)
 NEWEST_TESTED = (2, 21)
 _DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu",
@@ -210,16 +212,26 @@ def install() -> None:
       tf-keras, or tensorflow-estimator cannot import.
   """
   version = tensorflow_version()
-  if version < FIRST_SUPPORTED:
-    raise ImportError(
-        f"estimator_multigpu needs TensorFlow 2.15 to 2.21; this is "
-        f"{_version_text()}. pip install 'tensorflow>=2.15,<2.22'.")
+  _check_version(version)
   if version >= (2, 16):
     _route_keras()
     tf = importlib.import_module("tensorflow")
     _check_keras_not_loaded(tf)
     _restore_removed_names()
     _bind_estimator(tf)
+
+
+def _check_version(version: Tuple[int, int]) -> None:
+  """Refuses a TensorFlow older than 2.15; warns on one newer than tested."""
+  if version < FIRST_SUPPORTED:
+    raise ImportError(
+        f"estimator_multigpu needs TensorFlow 2.15 to 2.21; this is "
+        f"{_version_text()}. pip install 'tensorflow>=2.15,<2.22'.")
+  if version > NEWEST_TESTED:
+    logging.warning(
+        "estimator_multigpu: TensorFlow %s is newer than the newest tested "
+        "(2.%d); an internal that moved will be named in one line.",
+        _version_text(), NEWEST_TESTED[1])
 
 
 # ------------------------------------------------ Keras 2 for tf.keras

@@ -32,7 +32,7 @@ def test_ci_runs_the_readme_test_commands_verbatim():
   ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
   assert readme_commands()[1] in ci_lines
   assert newest_line_command() in ci_lines
-  assert 'pytest -q -m "not slow" tests' in newest_line_command()
+  assert 'pytest -q -n 2 -m "not slow" tests' in newest_line_command()
 
 
 def extras_installed(command):

@@ -107,6 +107,17 @@ def test_an_older_tensorflow_is_one_line(monkeypatch):
     compat.install()
 
 
+def test_a_newer_tensorflow_warns_once(monkeypatch):
+  warnings = []
+  monkeypatch.setattr(compat, "tensorflow_version", lambda: (2, 22))
+  monkeypatch.setattr(compat.logging, "warning",
+                      lambda text, *args: warnings.append(text % args))
+  compat._check_version((2, 22))  # pylint: disable=protected-access
+  assert warnings == ["estimator_multigpu: TensorFlow 2.22 is newer than the "
+                      "newest tested (2.21); an internal that moved will be "
+                      "named in one line."]
+
+
 def test_estimator_that_cannot_import_is_one_line(monkeypatch):
   def fails(name):
     raise ImportError("cannot import name 'gone' from "

@@ -48,7 +48,7 @@ BLOCKS = (
          '".[cpu,app]" && ', ""),
         ("python train.py &&", "python train.py --max_steps=30 &&"),
         ('python3 -m venv .venv && . .venv/bin/activate && pip install -e '
-         '".[cpu,app,test]" && python -m pytest -q tests',
+         '".[cpu,app,test]" && python -m pytest -q -n 2 tests',
          ": the test suite, this test among it"))),
     Block("# What CI runs (.ci/run)", skip=(
         "installs a second environment and runs the test suite, this test "
