@@ -17,6 +17,7 @@ import tensorflow as tf
 from estimator_multigpu import options as options_lib
 from estimator_multigpu import strategies
 from estimator_multigpu.graph import calling
+from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import ema as ema_lib
 from estimator_multigpu.graph import empty_shards
 from estimator_multigpu.graph import plan as plan_lib
@@ -74,7 +75,9 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       ([precision.tower_scope] if precision else []) +
       _cross_tower_scopes(plan, split, mode, options))
   if mode != ModeKeys.TRAIN:
-    spec = specs_lib.merge_specs(towers, mode)
+    spec = specs_lib.merge_specs(
+        towers, mode, shares=_shares(split, examples),
+        analyses=_analyses(split))
   else:
     spec = _train_spec(towers, strategy, options, examples, scaling, config)
     if options.synchronization == "async":  # the loss of the global batch.
@@ -85,6 +88,22 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   spec = _with_ema(spec, mode, options, plan.aggregation_device, config,
                    applied=scaling.should_apply if scaling else None)
   return _across_tasks(spec, cluster, plan)
+
+
+def _shares(split, examples) -> list:
+  """Each tower's share of the global batch, nᵢ / n (0 for an empty one)."""
+  return [split.loss_weight(i, "mean", examples)
+          for i in range(len(split.shards))]
+
+
+def _analyses(split) -> list:
+  """Per tower, what its tensors are relative to its shard (`dataflow`)."""
+  analyses = []
+  for shard in split.shards:
+    leaves = dataflow.shard_leaves(shard)
+    analyses.append(dataflow.ShardAnalysis(leaves,
+                                           dataflow.static_size(leaves)))
+  return analyses
 
 
 def _gradient_weights(options: Options, mode: str) -> str:
