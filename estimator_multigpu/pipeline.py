@@ -22,6 +22,7 @@ from estimator_multigpu.graph import ema as ema_lib
 from estimator_multigpu.graph import empty_shards
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import precision as precision_lib
+from estimator_multigpu.graph import readouts
 from estimator_multigpu.graph import specs as specs_lib
 from estimator_multigpu.graph import splitting
 from estimator_multigpu.graph import towers as towers_lib
@@ -64,6 +65,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   precision = (precision_lib.Precision(
       options.mixed_precision, scaling.value if scaling else None)
                if options.mixed_precision else None)
+  ranges = readouts.OpRanges()
   towers = towers_lib.build_towers(
       lambda tower, shard: _call_tower(model_fn, precision, shard, mode,
                                        params, config),
@@ -71,13 +73,15 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       loss_weights=[split.loss_weight(i, _gradient_weights(options, mode),
                                       examples)
                     for i in range(plan.num_towers)],
-      tower_scopes=[empty_shards.scope_factory(split)] +
+      tower_scopes=[ranges.scope_factory, empty_shards.scope_factory(split)] +
       ([precision.tower_scope] if precision else []) +
       _cross_tower_scopes(plan, split, mode, options))
+  shares, analyses = _shares(split, examples), _analyses(split)
+  if mode != ModeKeys.PREDICT:
+    readouts.combine(towers, shares, analyses[0], ranges)
   if mode != ModeKeys.TRAIN:
-    spec = specs_lib.merge_specs(
-        towers, mode, shares=_shares(split, examples),
-        analyses=_analyses(split))
+    spec = specs_lib.merge_specs(towers, mode, shares=shares,
+                                 analyses=analyses)
   else:
     spec = _train_spec(towers, strategy, options, examples, scaling, config)
     if options.synchronization == "async":  # the loss of the global batch.

@@ -121,12 +121,12 @@ class ShardAnalysis:
     return GLOBAL if GLOBAL in inputs else NONE
 
   def _from_statistic(self, op, output, inputs, rows_shape) -> str:
+    """A statistic with per-example values is a coupling; alone it stays a
+    statistic whatever its shape."""
     if rows_shape and ROWS in inputs:
       statistic = op.inputs[inputs.index(STATISTIC)]
       if statistic.dtype.is_floating:
         self.couplings.append(Coupling(op, statistic))
-      return ROWS
-    if rows_shape:
       return ROWS
     return STATISTIC if output.dtype.is_floating else NONE
 

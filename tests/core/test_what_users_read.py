@@ -1,0 +1,172 @@
+"""What the user reads over 2 and 3 towers equals one device's (issue 31).
+
+Eval metrics fed batch-level values, metrics whose update reads their own
+state, metric names of any characters, the user's scalar summaries and the
+tensors hooks fetch, in TRAIN and EVAL. Each graph is built and run in a
+plain session (no checkpoints), on 11 examples in uneven batches of 5, 4 and
+2 (3 towers cut the last one 1/1/0: an empty shard). Expected numbers are
+numpy on the same data.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_slim
+
+import estimator_multigpu as emg
+import harness
+
+tf1 = tf.compat.v1
+EVAL, TRAIN = tf.estimator.ModeKeys.EVAL, tf.estimator.ModeKeys.TRAIN
+RNG = np.random.RandomState(3)
+X = RNG.randn(11, 2).astype(np.float32)
+Y = RNG.randn(11).astype(np.float32)
+WT = RNG.rand(11).astype(np.float32)
+W0 = np.array([0.5, -1.0], np.float32)
+BATCHES = [slice(0, 5), slice(5, 9), slice(9, 11)]
+PRED = X @ W0
+ERR = (PRED - Y) ** 2
+
+
+def regression_model_fn(features, labels, mode):
+  w = tf1.get_variable("w", initializer=W0)
+  pred = tf.reduce_sum(features["x"] * w, 1)
+  err = tf.square(pred - labels)
+  loss = tf.reduce_mean(err)
+  keras_mean = tf.keras.metrics.Mean()
+  keras_mean.update_state(loss)
+  metrics = {
+      "loss/mean": tf1.metrics.mean(loss),
+      "metric/ndcg@3": tf1.metrics.mean(tf.reduce_mean(err), weights=2.0),
+      "mean tensor:x": tf1.metrics.mean_tensor(
+          tf.reduce_mean(tf.stack([err, 2 * err], 1), 0)),
+      "keras_mean": keras_mean,
+      "per_example": tf1.metrics.mean(err, weights=features["wt"]),
+      "pearson": tf_slim.metrics.streaming_pearson_correlation(pred, labels),
+      "covariance_weighted": tf_slim.metrics.streaming_covariance(
+          pred, labels, weights=features["wt"]),
+  }
+  return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops=metrics)
+
+
+def evaluate(model_fn, num_towers, session_config, batches=BATCHES):
+  """{metric: value} after every batch's update, unwrapped or on towers."""
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, [None, 2])
+    y = tf1.placeholder(tf.float32, [None])
+    wt = tf1.placeholder(tf.float32, [None])
+    fn = model_fn if num_towers is None else emg.multi_gpu(
+        model_fn, devices=harness.cpu_devices(num_towers))
+    spec = harness.call(fn, {"x": x, "wt": wt}, y, EVAL, session_config)
+    with tf1.Session(config=session_config) as session:
+      session.run([tf1.global_variables_initializer(),
+                   tf1.local_variables_initializer()])
+      for batch in batches:
+        session.run([u for _, u in spec.eval_metric_ops.values()],
+                    {x: X[batch], y: Y[batch], wt: WT[batch]})
+      return {k: session.run(v) for k, (v, _) in
+              spec.eval_metric_ops.items()}
+
+
+def numpy_metrics():
+  batch_means = np.array([ERR[b].mean() for b in BATCHES])
+  p, l, w = PRED.astype(np.float64), Y.astype(np.float64), WT
+  pm, lm = np.average(p, weights=w), np.average(l, weights=w)
+  return {
+      "loss/mean": batch_means.mean(),         # one value per batch.
+      "metric/ndcg@3": batch_means.mean(),     # equal weights 2.0 cancel.
+      "mean tensor:x": [batch_means.mean(), 2 * batch_means.mean()],
+      "keras_mean": batch_means.mean(),
+      "per_example": np.average(ERR, weights=WT),
+      "pearson": np.corrcoef(p, l)[0, 1],
+      # tf-slim: Σ w (p - p̄)(l - l̄) / (Σ w - 1).
+      "covariance_weighted": np.sum(w * (p - pm) * (l - lm)) / (w.sum() - 1),
+  }
+
+
+@pytest.fixture(scope="module")
+def one_device():
+  return evaluate(regression_model_fn, None,
+                  emg.make_session_config(num_cpus=4))
+
+
+def test_one_device_matches_numpy(one_device):
+  for name, expected in numpy_metrics().items():
+    np.testing.assert_allclose(one_device[name], expected, rtol=1e-5,
+                               err_msg=name)
+
+
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_metrics_over_towers_equal_one_device(num_towers, one_device,
+                                              session_config):
+  towers = evaluate(regression_model_fn, num_towers, session_config)
+  for name, expected in one_device.items():
+    np.testing.assert_allclose(towers[name], expected, rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+
+
+class FetchHook(tf1.train.SessionRunHook):
+  """A custom hook that keeps the tensor it fetches."""
+
+  def __init__(self, tensor):
+    self.tensor = tensor
+
+
+def readout_model_fn(features, labels, mode):
+  w = tf1.get_variable("w", initializer=W0)
+  err = tf.square(tf.reduce_sum(features["x"] * w, 1) - labels)
+  loss = tf.reduce_mean(err)
+  err_mean = tf.reduce_mean(err, name="mean_err")
+  tf1.summary.scalar("loss", loss)
+  tf1.summary.scalar("err_mean", err_mean)
+  tf1.summary.scalar("err_sum", tf.reduce_sum(err))
+  tf1.summary.scalar("err_max", tf.reduce_max(err))   # not combined: tower 0.
+  hooks = [tf1.train.LoggingTensorHook({"loss": loss, "err": "mean_err"},
+                                       every_n_iter=1),
+           FetchHook(loss)]
+  opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
+  return tf.estimator.EstimatorSpec(
+      mode, loss=loss, train_op=opt.minimize(loss, tf1.train.get_global_step()),
+      training_hooks=hooks if mode == TRAIN else None,
+      evaluation_hooks=hooks if mode == EVAL else None,
+      eval_metric_ops={"err": tf1.metrics.mean(err)} if mode == EVAL else None)
+
+
+def readouts(mode, num_towers, session_config, **options):
+  """The summaries' values and the hooks' tensors on the first batch."""
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    x = tf1.placeholder(tf.float32, [None, 2])
+    y = tf1.placeholder(tf.float32, [None])
+    fn = emg.multi_gpu(readout_model_fn,
+                       devices=harness.cpu_devices(num_towers), **options)
+    spec = harness.call(fn, {"x": x}, y, mode, session_config)
+    hooks = spec.training_hooks if mode == TRAIN else spec.evaluation_hooks
+    logging_hook, fetch_hook = [h for h in hooks if not type(h).__module__
+                                .startswith("estimator_multigpu")]
+    with tf1.Session(config=session_config) as session:
+      session.run([tf1.global_variables_initializer(),
+                   tf1.local_variables_initializer()])
+      feed = {x: X[BATCHES[0]], y: Y[BATCHES[0]]}
+      summary = tf1.Summary.FromString(session.run(tf1.summary.merge_all(),
+                                                   feed))
+      read = {v.tag: v.simple_value for v in summary.value}
+      read["hook/fetch"] = session.run(fetch_hook.tensor, feed)
+      for tag, tensor in logging_hook._tensors.items():  # pylint: disable=protected-access
+        read[f"hook/{tag}"] = session.run(tensor, feed)
+  return read
+
+
+@pytest.mark.parametrize("mode,num_towers,options", [
+    (TRAIN, 2, {}), (TRAIN, 3, {}), (TRAIN, 3, {"accumulate_steps": 2}),
+    (EVAL, 2, {}), (EVAL, 3, {})])
+def test_summaries_and_hooks_read_the_global_batch(mode, num_towers, options,
+                                                   session_config):
+  err = ERR[BATCHES[0]]   # the first batch: 5 examples.
+  read = readouts(mode, num_towers, session_config, **options)
+  for tag in ("loss", "err_mean", "hook/loss", "hook/err", "hook/fetch"):
+    np.testing.assert_allclose(read[tag], err.mean(), rtol=1e-5, err_msg=tag)
+  np.testing.assert_allclose(read["err_sum"], err.sum(), rtol=1e-5)
+  # A max is not combined (documented): it stays tower 0's shard's max.
+  shard0 = err[:3] if num_towers == 2 else err[:2]
+  np.testing.assert_allclose(read["err_max"], shard0.max(), rtol=1e-5)
