@@ -79,6 +79,9 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   shares, analyses = _shares(split, examples), _analyses(split)
   if mode != ModeKeys.PREDICT:
     readouts.combine(towers, shares, analyses[0], ranges)
+  elif towers[0].spec.predictions is not None:
+    readouts.warn_coupled_predictions(towers[0].spec.predictions,
+                                      analyses[0])
   if mode != ModeKeys.TRAIN:
     spec = specs_lib.merge_specs(towers, mode, shares=shares,
                                  analyses=analyses)

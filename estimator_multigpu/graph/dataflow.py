@@ -101,8 +101,10 @@ class ShardAnalysis:
         stack.append((op, True))
         stack.extend((p, False) for p in pending)
         continue
-      for output in op.outputs:
-        self._status[output.ref()] = self._op_status(op, output)
+      for index, output in enumerate(op.outputs):
+        self._status[output.ref()] = (
+            self._status.get(op.inputs[index].ref(), NONE)
+            if op.type == "IdentityN" else self._op_status(op, output))
 
   def _op_status(self, op: tf.Operation, output: tf.Tensor) -> str:
     inputs = [self._status.get(t.ref(), NONE) for t in op.inputs]

@@ -218,3 +218,35 @@ def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
   for hooks in (spec.training_hooks, spec.training_chief_hooks,
                 spec.evaluation_hooks):
     combine_hooks(readouts, hooks)
+
+
+PREDICTION_FIX = (
+    "compute the batch statistic over the global batch with the cross-tower "
+    "tools, e.g. a softmax over the batch: m = tf.reduce_max(emg."
+    "cross_tower_concat(x)); z = tf.exp(x - m); p = z / emg.cross_tower_sum("
+    "tf.reduce_sum(z)) (README: 'What the user reads')")
+
+
+def warn_coupled_predictions(predictions, analysis: dataflow.ShardAnalysis
+                             ) -> list:
+  """Warns about predictions computed from a statistic of the shard.
+
+  Returns:
+    The keys warned about.
+  """
+  items = (predictions.items() if isinstance(predictions, dict)
+           else [("predictions", predictions)])
+  warned = []
+  for key, tensor in items:
+    if not isinstance(tensor, tf.Tensor):
+      continue
+    analysis.status(tensor)
+    ancestors = dataflow.data_ancestors([tensor])
+    coupling = next((c for c in analysis.couplings if c.op in ancestors), None)
+    if coupling is not None:
+      warned.append(key)
+      logging.warning(
+          "prediction %r couples the examples of the batch (%s): each tower "
+          "computes it over its own shard, so it is not one device's. Fix: "
+          "%s.", key, coupling.describe(), PREDICTION_FIX)
+  return warned

@@ -170,3 +170,72 @@ def test_summaries_and_hooks_read_the_global_batch(mode, num_towers, options,
   # A max is not combined (documented): it stays tower 0's shard's max.
   shard0 = err[:3] if num_towers == 2 else err[:2]
   np.testing.assert_allclose(read["err_max"], shard0.max(), rtol=1e-5)
+
+
+def listwise_model_fn(features, labels, mode, params):
+  """A softmax over the batch's examples (a listwise score), written naively
+  or with the cross-tower tools."""
+  del labels
+  w = tf1.get_variable("w", initializer=W0)
+  scores = tf.reduce_sum(features["x"] * w, 1)
+  if params["cross_tower"]:
+    top = tf.reduce_max(emg.cross_tower_concat(scores))
+    z = tf.exp(scores - top)
+    probabilities = z / emg.cross_tower_sum(tf.reduce_sum(z))
+    centered = scores - emg.cross_tower_sum(tf.reduce_sum(
+        scores)) / emg.cross_tower_sum(tf.cast(tf.size(scores), tf.float32))
+  else:
+    probabilities = tf.nn.softmax(scores, axis=0)
+    centered = scores - tf.reduce_mean(scores)
+  return tf.estimator.EstimatorSpec(mode, predictions={
+      "p": probabilities, "centered": centered, "scores": scores})
+
+
+def predict(num_towers, cross_tower, session_config, rows=slice(0, 5)):
+  with tf.Graph().as_default():   # a placeholder input would be export.
+    x = tf1.data.make_one_shot_iterator(tf.data.Dataset.from_tensors(
+        X[rows]).repeat()).get_next()
+    fn = emg.multi_gpu(listwise_model_fn,
+                       devices=harness.cpu_devices(num_towers))
+    spec = fn({"x": x}, None, tf.estimator.ModeKeys.PREDICT,
+              {"cross_tower": cross_tower}, harness.config_for(session_config))
+    with tf1.Session(config=session_config) as session:
+      session.run(tf1.global_variables_initializer())
+      return session.run(spec.predictions)
+
+
+def test_batch_predictions_through_cross_tower_tools_are_exact(
+    session_config, caplog):
+  scores = PRED[:5]
+  expected = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+  for num_towers in (2, 3):
+    got = predict(num_towers, True, session_config)
+    np.testing.assert_allclose(got["p"], expected, rtol=1e-5)
+    np.testing.assert_allclose(got["centered"], scores - scores.mean(),
+                               rtol=1e-5, atol=1e-6)
+  assert "couples the examples" not in caplog.text
+
+
+def test_batch_predictions_without_the_tools_are_warned_about(
+    session_config, caplog):
+  predict(2, False, session_config)
+  assert "prediction 'p' couples the examples" in caplog.text
+  assert "prediction 'centered' couples the examples" in caplog.text
+  assert "prediction 'scores'" not in caplog.text
+  assert "cross_tower_sum" in caplog.text
+
+
+def test_a_prediction_key_missing_from_a_tower_names_key_and_tower(
+    session_config):
+  def model_fn(features, labels, mode):
+    del labels
+    x = features["x"]
+    predictions = {"scores": x[:, 0]}
+    if "tower_1" not in tf1.get_default_graph().get_name_scope():
+      predictions["classes"] = x[:, 1]
+    return tf.estimator.EstimatorSpec(mode, predictions=predictions)
+  with tf.Graph().as_default(), pytest.raises(
+      ValueError, match=r"key 'classes'.*tower 1 lacks it"):
+    emg.multi_gpu(model_fn, devices=harness.cpu_devices(2))(
+        {"x": tf.constant(X)}, None, tf.estimator.ModeKeys.PREDICT, {},
+        harness.config_for(session_config))
