@@ -53,6 +53,10 @@ _PASS_THROUGH = frozenset({"Cast", "Identity", "Reshape", "Squeeze",
 _REDUCTIONS = frozenset({"Sum", "Size"})
 
 
+_KINDS = {dataflow.ROWS: "rows", dataflow.STATISTIC: "batch",
+          dataflow.GLOBAL: "batch", dataflow.NONE: None}
+
+
 class MetricUpdate:
   """One tower's update op of one metric, and the state it assigns."""
 
@@ -73,9 +77,10 @@ class MetricUpdate:
     return bool(dataflow.data_ancestors(self.deltas) & self.state)
 
   def kinds(self, analysis: dataflow.ShardAnalysis) -> set:
-    """{"rows"} (sums over examples), {"batch"}, or both."""
-    return {"rows" if analysis.is_rows(_summed(delta)) else "batch"
-            for delta in self.deltas}
+    """{"rows"} (sums over examples), {"batch"}, both, or {None} (nothing
+    from the shard: a constant count, which either weighting keeps)."""
+    kinds = {_KINDS[analysis.status(_summed(delta))] for delta in self.deltas}
+    return kinds - {None} or {None}
 
   def scale(self, share) -> bool:
     """Weights every addition by `share`; False if a delta cannot be."""
@@ -155,7 +160,7 @@ def _make_exact(name: str, updates: list, shares: list,
       u.scale(share) for u, share in zip(updates, shares)):
     logging.info("eval metric %r is fed a batch-level value: each tower's "
                  "update is weighted by its share of the batch.", name)
-  elif "batch" in kinds:
+  elif {"batch", "rows"} <= kinds:
     _warn(name, "it adds batch-level values and sums over examples at once "
           "(a scalar with per-example weights?), which no weighting of the "
           "towers makes one device's",
