@@ -239,3 +239,55 @@ def test_a_prediction_key_missing_from_a_tower_names_key_and_tower(
     emg.multi_gpu(model_fn, devices=harness.cpu_devices(2))(
         {"x": tf.constant(X)}, None, tf.estimator.ModeKeys.PREDICT, {},
         harness.config_for(session_config))
+
+
+LISTS = RNG.randn(7, 4).astype(np.float32)            # 7 lists of 4 items.
+RELEVANCE = np.array([[2, 0, 1, 0], [0, 0, 0, 1], [1, 1, 0, 0], [0, 2, 0, 0],
+                      [1, 0, 0, 2], [0, 0, 1, 0], [2, 1, 0, 0]], np.float32)
+LIST_WEIGHTS = np.array([[1.0], [2.0], [0.5], [1.5], [1.0], [3.0], [0.25]],
+                        np.float32)
+
+
+def numpy_ndcg_at_3(scores, relevance):
+  """Per list: Σ_{rank<3} (2^rel - 1)/log2(rank + 2), over the ideal's."""
+  def dcg(rel):
+    return np.sum((2 ** rel[:3] - 1) / np.log2(np.arange(2, 2 + len(rel[:3]))))
+  return np.array([dcg(r[np.argsort(-s)]) / dcg(np.sort(r)[::-1])
+                   for s, r in zip(scores, relevance)])
+
+
+def test_tf_ranking_ndcg_with_per_list_weights(session_config, caplog):
+  tfr = pytest.importorskip("tensorflow_ranking")
+
+  def model_fn(features, labels, mode):
+    scores = features["scores"] * tf1.get_variable("scale", initializer=1.0)
+    weights = tf.broadcast_to(features["weights"], tf.shape(scores))
+    metrics = {"metric/ndcg@3": tfr.metrics.normalized_discounted_cumulative_gain(
+        labels, scores, weights=weights, topn=3)}
+    return tf.estimator.EstimatorSpec(mode, loss=tf.reduce_mean(scores),
+                                      eval_metric_ops=metrics)
+
+  def run(num_towers):
+    with tf.Graph().as_default():
+      fn = model_fn if num_towers is None else emg.multi_gpu(
+          model_fn, devices=harness.cpu_devices(num_towers))
+      spec = harness.call(fn, {"scores": tf.constant(LISTS), "weights":
+                               tf.constant(LIST_WEIGHTS)},
+                          tf.constant(RELEVANCE), EVAL, session_config)
+      value, update = spec.eval_metric_ops["metric/ndcg@3"]
+      with tf1.Session(config=session_config) as session:
+        session.run([tf1.global_variables_initializer(),
+                     tf1.local_variables_initializer()])
+        session.run(update)
+        return session.run(value)
+
+  # Every list has a relevant item: the per-list weights are the user's.
+  expected = np.average(numpy_ndcg_at_3(LISTS, RELEVANCE),
+                        weights=LIST_WEIGHTS[:, 0])
+  np.testing.assert_allclose(run(None), expected, rtol=1e-5)
+  for num_towers in (2, 3):
+    np.testing.assert_allclose(run(num_towers), expected, rtol=1e-5)
+  # TF-Ranking's default weight for a list with no relevant item (the
+  # batch's average) is found in the graph and warned about.
+  assert "'metric/ndcg@3' is not one device's" in caplog.text
+  assert "per-list" in caplog.text
