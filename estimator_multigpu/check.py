@@ -18,13 +18,16 @@ from the one device's initial values anyway).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from typing import Any, Callable, Optional
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from estimator_multigpu import check_readouts
 from estimator_multigpu import compat
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import replicate
@@ -60,6 +63,7 @@ class _Run:
   final: dict
   first_loss: float
   transformed: list
+  readouts: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -67,9 +71,12 @@ class TowerCheck:
   """What `check_towers` found.
 
   Attributes:
-    ok: every shared variable agrees within the tolerance.
-    worst: (variable name, max abs difference), largest first; a variable
-      one device has and the towers lack counts as inf.
+    ok: every shared variable, and everything the user reads, agrees
+      within the tolerance.
+    worst: (name, max abs difference), largest first; a name is a
+      variable, `eval/<metric>`, `predict/<key>` or `summary/<tag>`
+      (`check_readouts`); one the one device has and the towers lack counts
+      as inf.
     devices: the towers' devices.
     steps: training steps compared.
     loss_one_device, loss_towers: the first step's loss of each.
@@ -88,8 +95,8 @@ class TowerCheck:
              f"{self.steps} step{'s' if self.steps > 1 else ''}")
     largest = ", ".join(f"{name} {diff:.2g}" for name, diff in self.worst[:3])
     if self.ok:
-      return (f"check_towers: OK: {where}: {len(self.worst)} variables match "
-              f"one device (largest differences: {largest or 'none'}).")
+      return (f"check_towers: OK: {where}: {len(self.worst)} variables and "
+              f"readouts match one device (largest differences: {largest or 'none'}).")
     lines = [f"check_towers: MISMATCH: {where}: the towers differ from one "
              f"device (largest differences: {largest}); first-step loss "
              f"{self.loss_one_device:.6g} on one device, "
@@ -102,8 +109,10 @@ class TowerCheck:
 def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
                  devices: plan_lib.DevicesOption, steps: int = 1,
                  params: Optional[dict] = None, *, tolerance: float = 1e-5,
+                 modes: tuple = ("eval", "predict"),
                  **multi_gpu_options) -> TowerCheck:
-  """Trains `model_fn` unwrapped and on `devices`; compares the variables.
+  """Trains `model_fn` unwrapped and on `devices`; compares the variables
+  and what the user reads (summaries, hooks' scalars, `modes`' outputs).
 
   Args:
     model_fn: the unwrapped model_fn (TRAIN mode is built).
@@ -116,6 +125,9 @@ def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
     params: passed to the model_fn and input_fn.
     tolerance: largest difference allowed, relative to the variable's
       magnitude when that exceeds 1.
+    modes: besides TRAIN, which of "eval" (eval_metric_ops) and "predict"
+      (predictions) to compare, from one device's trained variables; each
+      costs two more graphs and `steps` batches (`check_readouts`).
     **multi_gpu_options: more `multi_gpu` options (e.g. sync_batch_norm).
 
   Returns:
@@ -127,10 +139,14 @@ def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
   run = lambda fn, initial=None: _train(fn, input_fn, steps, params, config,  # noqa: E731
                                         initial)
   reference = run(model_fn)
-  towers = run(replicate.multi_gpu(model_fn, devices=devices,
-                                   **multi_gpu_options), reference.initial)
-  worst = _differences(reference.final, towers.final)
-  check = TowerCheck(_within(worst, reference.final, tolerance), worst,
+  wrapped = replicate.multi_gpu(model_fn, devices=devices, **multi_gpu_options)
+  towers = run(wrapped, reference.initial)
+  for mode in modes:
+    _read_mode(mode, (model_fn, reference), (wrapped, towers), input_fn,
+               params, config, steps)
+  expected = dict(reference.final, **reference.readouts)
+  worst = _differences(expected, dict(towers.final, **towers.readouts))
+  check = TowerCheck(_within(worst, expected, tolerance), worst,
                      [devices_lib.short_name(g[0]) for g in groups], steps,
                      reference.first_loss, towers.first_loss)
   if not check.ok:
@@ -140,8 +156,56 @@ def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
                     reference.initial)
       return _within(_differences(reference.final, retried.final),
                      reference.final, tolerance)
-    check.causes = _causes(reference, towers, multi_gpu_options, exact_with)
+    differing = _beyond(worst, expected, tolerance)
+    check.causes = (check_readouts.causes(differing) if not any(
+        name in reference.final for name in differing) else
+                    _causes(reference, towers, multi_gpu_options, exact_with))
   return check
+
+
+_MODES = {"eval": tf.estimator.ModeKeys.EVAL,
+          "predict": tf.estimator.ModeKeys.PREDICT}
+
+
+def _read_mode(mode: str, reference: tuple, towers: tuple, input_fn,
+               params, config, steps: int) -> None:
+  """Adds `mode`'s outputs (`eval/...`, `predict/...`) to the readouts of
+  the `(fn, _Run)` pairs, both from one device's trained variables; a
+  model_fn that does not build `mode` on one device is not compared in it.
+
+  Raises:
+    ValueError: `mode` is not "eval" or "predict".
+  """
+  if mode not in _MODES:
+    raise ValueError(f"`modes` holds {mode!r}; expected 'eval' and/or "
+                     "'predict'.")
+  def read(fn):
+    return check_readouts.mode_readouts(
+        fn, _MODES[mode], lambda: _inputs(input_fn, params), params,
+        tf.estimator.RunConfig(session_config=config), reference[1].final,
+        steps, _fixed_random_scope)
+  try:
+    expected = read(reference[0])
+  except (ValueError, TypeError, AttributeError, KeyError) as error:
+    logging.info("check_towers: %s not compared (one device: %s)", mode,
+                 error)
+    return
+  reference[1].readouts.update(expected)
+  towers[1].readouts.update(read(towers[0]))
+
+
+@contextlib.contextmanager
+def _fixed_random_scope():
+  op_callbacks.add_op_callback(_fixed_random)
+  try:
+    yield
+  finally:
+    op_callbacks.remove_op_callback(_fixed_random)
+
+
+def _beyond(worst: list, reference: dict, tolerance: float) -> list:
+  return [name for name, diff in worst
+          if not _within([(name, diff)], reference, tolerance)]
 
 
 def _session_config(devices: list) -> tf1.ConfigProto:
@@ -182,16 +246,20 @@ def _train_fixed(fn, input_fn, steps, params, config, initial) -> _Run:
         tf.estimator.RunConfig(session_config=config))
     variables = tf1.global_variables()
     names = [v.op.name for v in variables]
+    hooks = check_readouts.recorded_hooks(
+        list(spec.training_hooks) + list(spec.training_chief_hooks))
+    summaries = tf1.summary.merge_all()
     with tf1.train.SingularMonitoredSession(
-        hooks=list(spec.training_hooks) + list(spec.training_chief_hooks),
-        scaffold=_scaffold(spec.scaffold, variables, initial),
+        hooks=hooks, scaffold=_scaffold(spec.scaffold, variables, initial),
         config=config) as session:
       start = dict(zip(names, session.raw_session().run(variables)))
-      losses = [session.run([spec.loss, spec.train_op])[0]
-                for _ in range(steps)]
+      first_loss, readouts = check_readouts.first_step_readouts(
+          spec, hooks, session, summaries)
+      losses = [first_loss] + [session.run([spec.loss, spec.train_op])[0]
+                               for _ in range(steps - 1)]
       final = dict(zip(names, session.raw_session().run(variables)))
     return _Run(start, final, float(losses[0]), sorted(set(
-        graph.get_collection(clipping.TRANSFORMED_COLLECTION))))
+        graph.get_collection(clipping.TRANSFORMED_COLLECTION))), readouts)
 
 
 def _inputs(input_fn, params) -> tuple:

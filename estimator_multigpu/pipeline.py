@@ -17,10 +17,12 @@ import tensorflow as tf
 from estimator_multigpu import options as options_lib
 from estimator_multigpu import strategies
 from estimator_multigpu.graph import calling
+from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import ema as ema_lib
 from estimator_multigpu.graph import empty_shards
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import precision as precision_lib
+from estimator_multigpu.graph import readouts
 from estimator_multigpu.graph import specs as specs_lib
 from estimator_multigpu.graph import splitting
 from estimator_multigpu.graph import towers as towers_lib
@@ -63,6 +65,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   precision = (precision_lib.Precision(
       options.mixed_precision, scaling.value if scaling else None)
                if options.mixed_precision else None)
+  ranges = readouts.OpRanges()
   towers = towers_lib.build_towers(
       lambda tower, shard: _call_tower(model_fn, precision, shard, mode,
                                        params, config),
@@ -70,11 +73,18 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       loss_weights=[split.loss_weight(i, _gradient_weights(options, mode),
                                       examples)
                     for i in range(plan.num_towers)],
-      tower_scopes=[empty_shards.scope_factory(split)] +
+      tower_scopes=[ranges.scope_factory, empty_shards.scope_factory(split)] +
       ([precision.tower_scope] if precision else []) +
       _cross_tower_scopes(plan, split, mode, options))
+  shares, analyses = _shares(split, examples), _analyses(split)
+  if mode != ModeKeys.PREDICT:
+    readouts.combine(towers, shares, analyses[0], ranges)
+  elif towers[0].spec.predictions is not None:
+    readouts.warn_coupled_predictions(towers[0].spec.predictions,
+                                      analyses[0])
   if mode != ModeKeys.TRAIN:
-    spec = specs_lib.merge_specs(towers, mode)
+    spec = specs_lib.merge_specs(towers, mode, shares=shares,
+                                 analyses=analyses)
   else:
     spec = _train_spec(towers, strategy, options, examples, scaling, config)
     if options.synchronization == "async":  # the loss of the global batch.
@@ -85,6 +95,22 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   spec = _with_ema(spec, mode, options, plan.aggregation_device, config,
                    applied=scaling.should_apply if scaling else None)
   return _across_tasks(spec, cluster, plan)
+
+
+def _shares(split, examples) -> list:
+  """Each tower's share of the global batch, nᵢ / n (0 for an empty one)."""
+  return [split.loss_weight(i, "mean", examples)
+          for i in range(len(split.shards))]
+
+
+def _analyses(split) -> list:
+  """Per tower, what its tensors are relative to its shard (`dataflow`)."""
+  analyses = []
+  for shard in split.shards:
+    leaves = dataflow.shard_leaves(shard)
+    analyses.append(dataflow.ShardAnalysis(leaves,
+                                           dataflow.static_size(leaves)))
+  return analyses
 
 
 def _gradient_weights(options: Options, mode: str) -> str:

@@ -84,7 +84,21 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
        once. For the single-device clip of the combined gradient remove it
        and pass `clip_gradients_by_norm`.
     6. Streaming metrics must have additive state (totals, counts, confusion
-       counts: every `tf.compat.v1.metrics` function qualifies).
+       counts: every `tf.compat.v1.metrics` function qualifies). What the
+       user reads is one device's (`graph.metrics`, `graph.readouts`): a
+       metric fed a batch-level value (`metrics.mean(loss)`) is weighted
+       by each tower's share nᵢ/n; one whose update reads its own state
+       (tf-slim streaming covariance and Pearson: a delta computed from the
+       metric's variables) runs tower after tower. `tf.compat.v1.summary.
+       scalar` and tensors held by hooks (in an attribute, or a dict, list or
+       tuple attribute) read the global batch's value when they are the
+       loss, a LOSSES term, or a mean or sum over the shard's examples; any
+       other statistic of the shard (a max, a ratio), histogram and image
+       summaries, TF2 `tf.summary` ops and tensors a hook finds another way
+       stay tower 0's. A per-example metric input or prediction computed
+       from a statistic of the batch (TF-Ranking's default list weight, a
+       softmax over axis 0) is a WARNING naming the fix: compute the
+       statistic with `cross_tower_sum` / `cross_tower_concat`.
     7. Inputs: every feature and label is cut along axis 0, except the
        feature keys named in `unsplit_features`, which every tower gets
        whole. `tf.RaggedTensor` inputs and a global batch of 0 examples in
@@ -106,8 +120,9 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     TRAIN: loss = Σ (nᵢ/n)·lossᵢ ("mean") or Σ lossᵢ ("sum"); gradients summed
       on the aggregation device (sparse stays sparse) and applied once;
       tower 0's train_op, hooks, scaffold and summaries are kept.
-    EVAL: the loss as in TRAIN; each metric over the union of all shards.
-    PREDICT: predictions and export outputs concatenated in input order.
+    EVAL: the loss as in TRAIN; each metric one device's (rule 6).
+    PREDICT: predictions and export outputs concatenated in input order
+      (batch-level ones through the cross-tower tools, rule 6).
     Export (`Estimator.export_saved_model`): one tower, no device placement,
       so the SavedModel serves on any machine at any batch size.
 

@@ -5,8 +5,9 @@
 - predictions and export outputs: concatenated along axis 0, in tower order,
   which is input order.
 - eval metrics: the towers share their metric state variables (see
-  `towers.VariableSharing`), so every tower's update adds into one total; the
-  merged metric is tower 0's value with all towers' updates.
+  `sharing.VariableSharing`), so every tower's update adds into one total; the
+  merged metric is tower 0's value with all towers' updates, weighted or
+  ordered so it is one device's (`metrics`).
 - train_op: tower 0's train_op (whatever the model_fn wrapped around its
   `minimize`) plus the single application of the combined gradients plus
   tower 0's UPDATE_OPS.
@@ -19,6 +20,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import tensorflow as tf
+
+from estimator_multigpu.graph import metrics as metrics_lib
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
@@ -60,9 +63,24 @@ def concat_predictions(per_tower: list, name: str = "predictions") -> Any:
     ValueError: a prediction is a scalar (the message names its key).
   """
   if isinstance(per_tower[0], dict):
+    _check_same_keys(per_tower, name)
     return {key: _concat([p[key] for p in per_tower], f"{name}[{key!r}]")
             for key in per_tower[0]}
   return _concat(per_tower, name)
+
+
+def _check_same_keys(per_tower: list, name: str) -> None:
+  """Raises naming the first key a tower lacks or adds (vs tower 0)."""
+  for index, outputs in enumerate(per_tower[1:], start=1):
+    missing = [k for k in per_tower[0] if k not in outputs]
+    extra = [k for k in outputs if k not in per_tower[0]]
+    if missing or extra:
+      key, who = (missing[0], f"tower {index} lacks it") if missing else (
+          extra[0], "tower 0 lacks it")
+      raise ValueError(
+          f"`{name}` key {key!r}: tower 0 and tower {index} return different "
+          f"keys ({who}); every tower must return the same `{name}` keys, "
+          "unconditionally.")
 
 
 def _concat(pieces: list, name: str = "predictions"):
@@ -112,21 +130,6 @@ def _concat_or_none(pieces: list):
   return None if pieces[0] is None else _concat(pieces)
 
 
-def merge_eval_metric_ops(towers: list) -> dict:
-  """Tower 0's metric values, updated by every tower's update op."""
-  first = towers[0].spec.eval_metric_ops or {}
-  for tower in towers[1:]:
-    keys = set(tower.spec.eval_metric_ops or {})
-    if keys != set(first):
-      raise ValueError(
-          f"Tower {tower.index} returned eval_metric_ops {sorted(keys)} but "
-          f"tower 0 returned {sorted(first)}; every tower must return the "
-          "same metrics.")
-  return {name: (value, tf.group(*[t.spec.eval_metric_ops[name][1]
-                                   for t in towers], name=f"update_{name}"))
-          for name, (value, _) in first.items()}
-
-
 def summarize_tower_losses(towers: list) -> None:
   """One `tower_loss/tower_<i>` summary per tower (the total is Estimator's
   `loss`)."""
@@ -141,8 +144,18 @@ def merged_train_op(towers: list, apply_ops: list) -> tf.Operation:
                   name="multi_gpu_train_op")
 
 
-def merge_specs(towers: list, mode: str, train_op=None) -> Any:
-  """The EstimatorSpec covering the whole global batch."""
+def merge_specs(towers: list, mode: str, train_op=None, *,
+                shares: Optional[list] = None,
+                analyses: Optional[list] = None) -> Any:
+  """The EstimatorSpec covering the whole global batch.
+
+  Args:
+    towers: the built towers.
+    mode: the ModeKeys mode.
+    train_op: the merged train_op (TRAIN).
+    shares: each tower's share of the global batch, nᵢ / n (EVAL metrics).
+    analyses: each tower's `dataflow.ShardAnalysis` (EVAL metrics).
+  """
   first = towers[0].spec
   loss = combine_losses(towers) if first.loss is not None else None
   kwargs = dict(mode=mode, loss=loss, train_op=train_op,
@@ -158,5 +171,6 @@ def merge_specs(towers: list, mode: str, train_op=None) -> Any:
     kwargs["export_outputs"] = merge_export_outputs(
         [t.spec.export_outputs for t in towers])
   if mode == ModeKeys.EVAL:
-    kwargs["eval_metric_ops"] = merge_eval_metric_ops(towers)
+    kwargs["eval_metric_ops"] = metrics_lib.merge_eval_metric_ops(
+        towers, shares, analyses)
   return tf.estimator.EstimatorSpec(**kwargs)

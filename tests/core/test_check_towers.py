@@ -117,3 +117,45 @@ def test_the_fix_it_names_makes_the_towers_exact():
                           loss_reduction="sum").ok
   assert emg.check_towers(keras_batch_norm_fn, input_fn, DEVICES, steps=2,
                           sync_batch_norm=True).ok
+
+
+def readout_fn(features, labels, mode, params):
+  """An exact model whose eval metric, prediction and summary are batch
+  statistics: naive (params['naive']) or through the cross-tower tools."""
+  logits = dense(features, 2)
+  err = tf.reduce_sum(tf.square(logits - (0.0 if labels is None else labels)),
+                      1)
+  if params["naive"]:
+    centered = err - tf.reduce_mean(err)
+    tf1.summary.scalar("top_error", tf.reduce_max(err))  # tower 0's shard.
+  else:  # (a summary's collectives would not run in towers 1..: no max.)
+    centered = err - emg.cross_tower_sum(tf.reduce_sum(err)) / (
+        emg.cross_tower_sum(tf.cast(tf.size(err), tf.float32)))
+  tf1.summary.scalar("mean_error", tf.reduce_mean(err))
+  if mode == tf.estimator.ModeKeys.PREDICT:
+    return tf.estimator.EstimatorSpec(mode, predictions={"centered":
+                                                         centered})
+  result = spec(mode, tf.reduce_mean(err))
+  return result._replace(eval_metric_ops={
+      "centered@abs": tf1.metrics.mean(tf.abs(centered)),
+      "mean error": tf1.metrics.mean(tf.reduce_mean(err))})
+
+
+def test_eval_predict_and_summaries_are_compared():
+  report = emg.check_towers(readout_fn, input_fn, ["/cpu:0", "/cpu:1",
+                                                   "/cpu:2"],
+                            params={"naive": False})
+  names = {name for name, _ in report.worst}
+  assert {"eval/centered@abs", "eval/mean error", "predict/centered",
+          "summary/mean_error"} <= names
+  assert report.ok, str(report)
+  report = emg.check_towers(readout_fn, input_fn, ["/cpu:0", "/cpu:1",
+                                                   "/cpu:2"],
+                            params={"naive": True})
+  assert not report.ok
+  differing = {name for name, diff in report.worst if diff > 1e-4}
+  assert differing == {"eval/centered@abs", "predict/centered",
+                       "summary/top_error"}, report.worst
+  text = str(report)
+  assert "an eval metric differs" in text and "a prediction differs" in text
+  assert "summary or hooked scalar differs" in text

@@ -1,0 +1,202 @@
+"""EVAL metrics over the towers: one device's value on the global batch.
+
+Every tower builds its own metric ops on shared state variables (`sharing`),
+so each tower's update adds into one state. From the graph's structure each
+metric is made one device's:
+
+- *Per-example inputs* (accuracy, AUC, `metrics.mean(per_example_loss)`):
+  the update adds sums over the shard's examples (totals, counts, confusion
+  counts); the towers' sums add up to the global batch's. Nothing to do.
+- *Batch-level inputs* (`metrics.mean(loss)`, `metrics.mean(
+  tf.reduce_mean(err), weights=w)`, `mean_tensor` of batch means, a Keras
+  `Mean` fed a scalar): each update adds one value per call, which on one
+  device is the mean over the global batch. Tower i's additions to the state
+  are weighted by its share of the batch, wᵢ = nᵢ / n, so the towers add
+  Σ wᵢ·mᵢ = the global batch's mean, with the weight of one call (Σ wᵢ = 1).
+  An empty shard adds exactly 0 (no NaN).
+- *Updates that read their own state* (tf-slim `streaming_covariance`,
+  `streaming_pearson_correlation`: running means merged Welford/Chan style):
+  the towers' updates run one after another, in tower order, each merging
+  its shard into the state the previous tower left; that merge is exact for
+  any split of the batch.
+- *Coupled inputs* (a per-example value computed from a statistic of the
+  batch, such as TF-Ranking's default weight of a list with no relevant item,
+  the batch's average list weight): each tower computes the statistic over
+  its shard, which cannot be undone afterwards; a WARNING names the metric,
+  the op and the fix.
+
+How each kind is found: a metric's state variables are those its update op
+assigns; a delta (the value an assignment adds) is batch-level when what it
+sums holds no per-example dimension (`dataflow.ShardAnalysis`), and an
+update reads its state when a delta is computed from a state variable.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from absl import logging
+import tensorflow as tf
+
+from estimator_multigpu.graph import dataflow
+
+tf1 = tf.compat.v1
+
+_ASSIGNS = frozenset({"AssignAddVariableOp", "AssignVariableOp",
+                      "AssignSubVariableOp", "AssignAdd", "Assign",
+                      "AssignSub"})
+_STATE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+_PASS_THROUGH = frozenset({"Cast", "Identity", "Reshape", "Squeeze",
+                           "ExpandDims"})
+# A metric's own additions: sums and counts over what it is fed.
+_REDUCTIONS = frozenset({"Sum", "Size"})
+
+
+_KINDS = {dataflow.ROWS: "rows", dataflow.STATISTIC: "batch",
+          dataflow.GLOBAL: "batch", dataflow.NONE: None}
+
+
+class MetricUpdate:
+  """One tower's update op of one metric, and the state it assigns."""
+
+  def __init__(self, update):
+    self.op = update if isinstance(update, tf.Operation) else update.op
+    ancestors = _all_ancestors([self.op])
+    self.assigns = [op for op in ancestors if op.type in _ASSIGNS and
+                    op.inputs[0].op.type in _STATE_OPS]
+    self.state = {op.inputs[0].op for op in self.assigns}
+    self.ancestors = ancestors
+
+  @property
+  def deltas(self) -> list:
+    return [op.inputs[1] for op in self.assigns]
+
+  def reads_state(self) -> bool:
+    """Whether a delta is computed from the metric's own state."""
+    return bool(dataflow.data_ancestors(self.deltas) & self.state)
+
+  def kinds(self, analysis: dataflow.ShardAnalysis) -> set:
+    """{"rows"} (sums over examples), {"batch"}, both, or {None} (nothing
+    from the shard: a constant count, which either weighting keeps)."""
+    kinds = {_KINDS[analysis.status(_summed(delta))] for delta in self.deltas}
+    return kinds - {None} or {None}
+
+  def scale(self, share) -> bool:
+    """Weights every addition by `share`; False if a delta cannot be."""
+    if not all(d.dtype.is_floating for d in self.deltas):
+      return False
+    for assign in self.assigns:
+      delta = assign.inputs[1]
+      with tf.device(assign.device), tf.name_scope("tower_share"):
+        weighted = tf.math.multiply_no_nan(delta, tf.cast(share, delta.dtype))
+      assign._update_input(1, weighted)  # pylint: disable=protected-access
+    return True
+
+
+def _all_ancestors(roots: list) -> set:
+  """Ops the roots depend on, along data and control edges."""
+  seen, stack = set(), list(roots)
+  while stack:
+    op = stack.pop()
+    if op not in seen:
+      seen.add(op)
+      stack.extend(t.op for t in op.inputs)
+      stack.extend(op.control_inputs)
+  return seen
+
+
+def _summed(delta: tf.Tensor) -> tf.Tensor:
+  """What a delta sums (the input of its reduction), or the delta itself."""
+  tensor = delta
+  while tensor.op.type in _PASS_THROUGH:
+    tensor = tensor.op.inputs[0]
+  return tensor.op.inputs[0] if tensor.op.type in _REDUCTIONS else tensor
+
+
+def merge_eval_metric_ops(towers: list, shares: Optional[list] = None,
+                          analyses: Optional[list] = None) -> dict:
+  """Tower 0's metric values, with every tower's update (see module doc).
+
+  Args:
+    towers: the towers (their specs hold `eval_metric_ops`).
+    shares: each tower's share of the global batch, nᵢ / n.
+    analyses: each tower's `dataflow.ShardAnalysis`.
+  """
+  first = towers[0].spec.eval_metric_ops or {}
+  _check_same_metrics(towers, first)
+  merged = {}
+  for name, (value, _) in first.items():
+    updates = [t.spec.eval_metric_ops[name][1] for t in towers]
+    if shares and analyses and len(towers) > 1:
+      _make_exact(name, [MetricUpdate(u) for u in updates], shares, analyses)
+    merged[name] = (value, tf.group(*updates, name=op_name("update", name)))
+  return merged
+
+
+def _check_same_metrics(towers: list, first: dict) -> None:
+  for tower in towers[1:]:
+    keys = set(tower.spec.eval_metric_ops or {})
+    if keys != set(first):
+      raise ValueError(
+          f"Tower {tower.index} returned eval_metric_ops {sorted(keys)} but "
+          f"tower 0 returned {sorted(first)}; every tower must return the "
+          "same metrics.")
+
+
+def op_name(prefix: str, name: str) -> str:
+  """A valid op name for `prefix` + a metric name of any characters."""
+  return f"{prefix}_" + re.sub(r"[^A-Za-z0-9_.\-]", "_", name)
+
+
+def _make_exact(name: str, updates: list, shares: list,
+                analyses: list) -> None:
+  """Orders or weights the towers' updates; warns about what stays off."""
+  if any(u.reads_state() for u in updates):
+    _one_after_another(updates)
+    return
+  kinds = set().union(*(u.kinds(a) for u, a in zip(updates, analyses)))
+  if kinds == {"batch"} and all(
+      u.scale(share) for u, share in zip(updates, shares)):
+    logging.info("eval metric %r is fed a batch-level value: each tower's "
+                 "update is weighted by its share of the batch.", name)
+  elif {"batch", "rows"} <= kinds:
+    _warn(name, "it adds batch-level values and sums over examples at once "
+          "(a scalar with per-example weights?), which no weighting of the "
+          "towers makes one device's",
+          "feed it per-example values and weights")
+  coupling = _coupling(updates[0], analyses[0])
+  if coupling is not None:
+    _warn(name, f"its input couples the examples of the batch "
+          f"({coupling.describe()}): each tower computes that over its own "
+          "shard", COUPLING_FIX)
+
+
+COUPLING_FIX = (
+    "compute the batch statistic over the global batch with "
+    "emg.cross_tower_sum / emg.cross_tower_concat, or pass per-example "
+    "(per-list) weights instead of a default derived from the batch "
+    "(TF-Ranking: a weights feature with one weight per list); "
+    "emg.check_towers compares the metric to one device's")
+
+
+def _coupling(update: MetricUpdate, analysis) -> Optional[dataflow.Coupling]:
+  for delta in update.deltas:
+    analysis.status(delta)
+  ancestors = dataflow.data_ancestors(update.deltas)
+  return next((c for c in analysis.couplings if c.op in ancestors), None)
+
+
+def _warn(name: str, problem: str, fix: str) -> None:
+  logging.warning("eval metric %r is not one device's over the towers: %s. "
+                  "Fix: %s.", name, problem, fix)
+
+
+def _one_after_another(updates: list) -> None:
+  """Tower i's reads of the shared state wait for tower i-1's update."""
+  for before, after in zip(updates, updates[1:]):
+    done = tf.group(before.op, *before.assigns)
+    others = set().union(*(u.ancestors for u in updates if u is not after))
+    for op in after.ancestors - others:
+      if any(t.op in after.state for t in op.inputs):
+        op._add_control_inputs([done])  # pylint: disable=protected-access
