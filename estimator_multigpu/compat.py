@@ -217,6 +217,7 @@ def install() -> None:
     _route_keras()
     tf = importlib.import_module("tensorflow")
     _check_keras_not_loaded(tf)
+    _forget_failed_estimator_import()
     _restore_removed_names()
     _bind_estimator(tf)
 
@@ -300,6 +301,20 @@ def _restore_removed_names() -> None:
                   _estimator_training())
   for name in ("tpu_embedding", "session_support", "tpu_embedding_gradient"):
     _restore_module(_TF + "tpu." + name, _tpu_only(_TF + "tpu." + name))
+
+
+def _forget_failed_estimator_import() -> None:
+  """Drops what a user's `import tensorflow_estimator` before this shim left.
+
+  That import fails half way on TF >= 2.16 and leaves half-initialized
+  modules behind, which would fail again; without the shim in place no
+  working tensorflow_estimator module can exist, so they all go.
+  """
+  if _TF + "distribute.estimator_training" in sys.modules:
+    return
+  for name in [m for m in sys.modules
+               if m.split(".")[0] == "tensorflow_estimator"]:
+    del sys.modules[name]
 
 
 def _restore_module(name: str, stand_in: types.ModuleType) -> None:

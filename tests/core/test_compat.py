@@ -164,6 +164,15 @@ def test_tensorflow_imported_first_still_gets_keras_2():
 
 
 @NEW_LINE
+def test_a_failed_tensorflow_estimator_import_before_still_works():
+  result = _python("try:\n  import tensorflow_estimator\n"
+                   "except ImportError:\n  pass\n"
+                   "import estimator_multigpu, tensorflow as tf\n"
+                   "print(tf.estimator.Estimator.__name__)")
+  assert result.stdout.strip() == "EstimatorV2", result.stderr[-2000:]
+
+
+@NEW_LINE
 def test_keras_3_chosen_by_the_user_is_one_line():
   result = _python("import estimator_multigpu",
                    env={"TF_USE_LEGACY_KERAS": "0"})
