@@ -131,6 +131,16 @@ INTERNALS = {
                              "tf.keras routed to tf-keras on TF >= 2.16"),
 }
 
+# Private members of public TensorFlow classes the package uses (listed in
+# docs/compatibility.md; tests/core/test_compat.py checks each exists).
+PRIVATE_MEMBERS = (
+    ("tf.Operation", "_add_control_inputs",
+     "metric updates in tower order; replicated copies after the broadcast"),
+    ("tf.Operation", "_update_input",
+     "metric updates and summaries read the global batch's value"),
+    ("tf.Tensor", "_USE_EQUALITY", "fast tf-slim layer builds"),
+)
+
 
 def tensorflow_version() -> Tuple[int, int]:
   """(major, minor) of the TensorFlow installed (imported if it must be)."""

@@ -83,6 +83,13 @@ def test_every_internal_goes_through_compat():
   assert not offenders
 
 
+@pytest.mark.parametrize("owner, member, purpose", compat.PRIVATE_MEMBERS)
+def test_private_members_exist_and_are_documented(owner, member, purpose):
+  assert hasattr(eval(owner, {"tf": tf}), member)  # pylint: disable=eval-used
+  text = (ROOT / "docs" / "compatibility.md").read_text()
+  assert f"| `{owner}.{member}` | {purpose} |" in text
+
+
 def test_slim_moved_names_are_internals():
   for moved in slim_compat.MOVED.values():
     for key, attribute in moved.values():
