@@ -32,6 +32,7 @@ from estimator_multigpu.cross_tower import losses
 from estimator_multigpu.update import chain as chain_lib
 from estimator_multigpu.update import loss_scaling
 from estimator_multigpu.update import tower_optimizer
+from estimator_multigpu.update import triggers
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
@@ -177,23 +178,12 @@ def _train_spec(towers: list, strategy, options: Options, examples, scaling,
       loss_reduction=options.loss_reduction,
       global_batch_size=examples, loss_scaling=scaling,
       clip_norm=options.clip_gradients_by_norm)
-  apply_ops = chain.build(towers)
-  if options.accumulate_steps == 1:
-    _after_the_update(towers[0], apply_ops)
+  apply_ops = triggers.tie(towers[0], chain.build(towers),
+                          accumulate=options.accumulate_steps > 1)
   specs_lib.summarize_tower_losses(towers)
   spec = specs_lib.merge_specs(
       towers, ModeKeys.TRAIN, specs_lib.merged_train_op(towers, apply_ops))
   return chain.finish_spec(spec, towers, getattr(config, "model_dir", None))
-
-
-def _after_the_update(tower, apply_ops: list) -> None:
-  """What tower 0's model_fn put under the control of its optimizer call
-  (its own `ExponentialMovingAverage.apply`, a step counter) runs after the
-  combined update, as on one device. (With accumulation tower 0's train_op
-  runs for every micro-batch, so it cannot wait for the update.)"""
-  ops = [op if isinstance(op, tf.Operation) else op.op for op in apply_ops]
-  for call in tower.optimizer_calls:
-    call.recorded._add_control_inputs(ops)  # pylint: disable=protected-access
 
 
 def _check_tower_optimizer(towers: list) -> None:

@@ -45,6 +45,7 @@ class OptimizerCall:
   variable_scope: Any = None
   name_scope: str = ""
   recorded: Any = None  # the no-op the call returned to the model_fn.
+  branch: Any = None  # the tf.cond branch (function graph) it was made in.
 
   @contextlib.contextmanager
   def scopes(self):
@@ -78,6 +79,8 @@ class Tower:
     deferred_dependencies: no-ops holding the control dependencies that were
       around tower 0's `TowerOptimizer.compute_gradients` (usually its
       UPDATE_OPS); the train op runs them, the gradients don't wait for them.
+    branch_gradients: ids of the gradients `TowerOptimizer` computed, outside
+      the tf.cond, for a call made inside a tf.cond branch (`triggers`).
   """
   index: int
   device: Optional[str]
@@ -90,6 +93,7 @@ class Tower:
   local_variables: dict = dataclasses.field(default_factory=dict)
   loss_scaled_gradients: set = dataclasses.field(default_factory=set)
   deferred_dependencies: list = dataclasses.field(default_factory=list)
+  branch_gradients: set = dataclasses.field(default_factory=set)
 
   @property
   def name(self) -> str:
