@@ -23,12 +23,14 @@ from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import precision as precision_lib
 from estimator_multigpu.graph import specs as specs_lib
 from estimator_multigpu.graph import splitting
+from estimator_multigpu.graph import state_updates
 from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.cluster import all_reduce_job
 from estimator_multigpu.cross_tower import collectives
 from estimator_multigpu.cross_tower import context
 from estimator_multigpu.cross_tower import layers as sync_batch_norm
 from estimator_multigpu.cross_tower import losses
+from estimator_multigpu.update import accumulation
 from estimator_multigpu.update import chain as chain_lib
 from estimator_multigpu.update import loss_scaling
 from estimator_multigpu.update import tower_optimizer
@@ -77,7 +79,12 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   if mode != ModeKeys.TRAIN:
     spec = specs_lib.merge_specs(towers, mode)
   else:
-    spec = _train_spec(towers, strategy, options, examples, scaling, config)
+    towers[0].deferred_dependencies += state_updates.reconcile(
+        towers, split.shards[0])
+    weight = (accumulation.micro_batch_weight(towers[0], examples,
+                                              split.shards[0])
+              if options.accumulate_steps > 1 else examples)
+    spec = _train_spec(towers, strategy, options, weight, scaling, config)
     if options.synchronization == "async":  # the loss of the global batch.
       spec = spec._replace(loss=specs_lib.combine_losses(towers, [
           split.loss_weight(i, options.loss_reduction, examples)

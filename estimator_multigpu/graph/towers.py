@@ -21,6 +21,7 @@ import tensorflow as tf
 from tensorflow.python.ops import variable_scope as vs_lib  # pylint: disable=g-direct-tensorflow-import
 
 from estimator_multigpu import devices as devices_lib
+from estimator_multigpu.cross_tower import tools as cross_tower_tools
 from estimator_multigpu.graph import sharing
 tf1 = tf.compat.v1
 
@@ -28,7 +29,8 @@ tf1 = tf.compat.v1
 # nothing behind in them (summaries, update ops and losses come from tower 0).
 ISOLATED_COLLECTIONS = (tf1.GraphKeys.LOSSES, tf1.GraphKeys.UPDATE_OPS,
                         tf1.GraphKeys.SUMMARIES,
-                        tf1.GraphKeys.REGULARIZATION_LOSSES)
+                        tf1.GraphKeys.REGULARIZATION_LOSSES,
+                        cross_tower_tools.NORMALIZERS)
 
 @dataclasses.dataclass
 class OptimizerCall:
