@@ -121,7 +121,12 @@ def _reconcile_write(op, towers: list, shard: _Shard) -> list:
   return []
 
 
+# Variables the train_op updates from tower 0's shard only (`check_towers`).
+STATE_COLLECTION = "estimator_multigpu_train_op_state_updates"
+
+
 def _warn(variable, op) -> None:
+  tf1.add_to_collection(STATE_COLLECTION, variable.name)
   logging.warning(
       "multi_gpu: the train_op updates `%s` (%s) from tower 0's shard only: "
       "the value written depends on the tower's batch and is not one of the "

@@ -127,8 +127,9 @@ class TowerOptimizer(tf1.train.Optimizer):
     if precision.loss_scaling_active():
       _check_loss_scaled(tower, grads_and_vars)
     if tower.num_towers > 1:
-      clipping.warn_if_transformed(
-          grads_and_vars, frozenset(tower.loss_scaled_gradients))
+      computed = frozenset(tower.loss_scaled_gradients)
+      clipping.warn_if_transformed(grads_and_vars, computed)
+      clipping.warn_if_noisy(grads_and_vars, computed)
     with _outside_control_dependencies(tower), triggers.outside(branch), \
         tf.name_scope("tower_weight"):
       weighted = [(_scale(g, tower.loss_weight), v) for g, v in grads_and_vars]
