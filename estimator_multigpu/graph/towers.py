@@ -48,6 +48,7 @@ class OptimizerCall:
   name_scope: str = ""
   recorded: Any = None  # the no-op the call returned to the model_fn.
   branch: Any = None  # the tf.cond branch (function graph) it was made in.
+  signature: Any = None  # `update.clipping.signature` of its gradients.
 
   @contextlib.contextmanager
   def scopes(self):
@@ -83,6 +84,8 @@ class Tower:
       UPDATE_OPS); the train op runs them, the gradients don't wait for them.
     branch_gradients: ids of the gradients `TowerOptimizer` computed, outside
       the tf.cond, for a call made inside a tf.cond branch (`triggers`).
+    var_lists: the `var_list` of each `TowerOptimizer.compute_gradients`
+      call; `tower0_var_lists`: tower 0's (replicated towers use those).
   """
   index: int
   device: Optional[str]
@@ -96,6 +99,8 @@ class Tower:
   loss_scaled_gradients: set = dataclasses.field(default_factory=set)
   deferred_dependencies: list = dataclasses.field(default_factory=list)
   branch_gradients: set = dataclasses.field(default_factory=set)
+  var_lists: list = dataclasses.field(default_factory=list)
+  tower0_var_lists: list = dataclasses.field(default_factory=list)
 
   @property
   def name(self) -> str:
@@ -229,7 +234,8 @@ def build_towers(call: TowerCall, plan: Any, shards: Sequence[Any],
   for index, group in enumerate(plan.groups):
     tower = Tower(index, group[0],
                   loss_weights[index] if loss_weights else 1.0,
-                  group=list(group), num_towers=plan.num_towers)
+                  group=list(group), num_towers=plan.num_towers,
+                  tower0_var_lists=towers[0].var_lists if towers else [])
     with _explained_mismatch(tower, api, hint), \
         strategy.sharing_scope(tower), \
         tower_scope(tower, strategy.placement(tower)), \

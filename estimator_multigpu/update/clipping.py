@@ -162,3 +162,14 @@ def warn_if_noisy(grads_and_vars: list,
         " an optimizer that wraps the inner one, inside TowerOptimizer.",
         ", ".join(names[:3]) + (" ..." if len(names) > 3 else ""))
   return names
+
+
+def signature(grads_and_vars: list, computed: frozenset = frozenset()
+              ) -> list:
+  """Per gradient, the op types of its elementwise walk back (None for a
+  None gradient): towers whose signatures differ transformed their
+  gradients differently (`strategies.base.warn_if_transformed_differently`).
+  """
+  return [None if g is None else tuple(
+      t.op.type for t in _chain(g, computed, _ELEMENTWISE | _SUMS)[0])
+          for g, _ in grads_and_vars]
