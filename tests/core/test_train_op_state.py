@@ -61,6 +61,7 @@ def batch_norm_with(moments):
                                    trainable=False)
     mean, variance = moments(features, [0])
     normalized = (features - mean) * tf.math.rsqrt(variance + 1e-3)
+    # What moving_averages.assign_moving_average(decay=0.9) builds.
     return normalized, tf1.assign_sub(moving_mean,
                                       (moving_mean - mean) * 0.1)
   return batch_norm
