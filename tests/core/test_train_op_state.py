@@ -4,7 +4,8 @@
 (plain TF) to 1e-5: an example counter `assign_add(batch)` is exact; a
 counter made global with `cross_tower_sum` inside the train_op is exact and
 does not wait for its peers; a hand-written batch norm over
-`cross_tower_moments` (no `sync_batch_norm`) is exact, moving mean included.
+`cross_tower_moments` (no `sync_batch_norm`) is exact, moving mean included,
+and so is center loss from global per-class sums and counts.
 Center loss and a hand-written batch norm over `tf.nn.moments`, which cannot
 be made exact, log a warning naming the variable and the tool.
 """
@@ -80,6 +81,22 @@ def center_loss(features, labels, w):
   return features, tf1.scatter_sub(centers, classes, 0.5 * diff)
 
 
+def global_center_loss(features, labels, w):
+  """The warning's fix: per-class sums and counts over the global batch."""
+  centers = tf1.get_variable("centers", initializer=tf.zeros([2, 2]),
+                             trainable=False)
+  del w  # embeddings that do not race with the update of w.
+  classes = tf.cast(labels[:, 0] > 0, tf.int32)
+  embedded = features[:, :2]
+  counts = tf.math.unsorted_segment_sum(tf.ones_like(embedded[:, 0]),
+                                        classes, 2)
+  sums = tf.math.unsorted_segment_sum(tf.gather(centers, classes) - embedded,
+                                      classes, 2)
+  delta = 0.5 * emg.cross_tower_sum(sums) / (
+      1.0 + emg.cross_tower_sum(counts))[:, None]
+  return features, tf1.assign_sub(centers, delta)
+
+
 def assert_exact(model_fn, num_towers, session_config, **options):
   want, _ = harness.train(model_fn, X, Y, 3, session_config)
   got, _ = harness.train(model_fn, X, Y, 3, session_config,
@@ -102,6 +119,11 @@ def test_cross_tower_sum_inside_the_train_op_runs(variable_update,
   got = assert_exact(model_fn_with(global_counter), 3, session_config,
                      variable_update=variable_update)
   assert got["examples"] == 3 * BATCH
+
+
+def test_center_loss_over_the_global_batch(session_config):
+  got = assert_exact(model_fn_with(global_center_loss), 3, session_config)
+  assert np.abs(got["centers"]).max() > 0.01  # the centers moved.
 
 
 @pytest.mark.parametrize("num_towers", [2, 3])
