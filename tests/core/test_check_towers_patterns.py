@@ -1,4 +1,5 @@
-"""check_towers on issue #30's patterns: accumulation, Keras Conv2D, and the
+"""check_towers on issue #30's patterns: accumulation, Keras Conv2D, replicated
+variables with a var_list filtered in Python, and the
 causes it names (per-tower gradient noise, state updated in the train_op);
 the per-tower noise warning of `multi_gpu`, checked statistically too."""
 
@@ -113,3 +114,19 @@ def test_noise_warning_and_its_standard_deviation(caplog, monkeypatch,
   # 600 normal draws: the sample std is within ±10% of the true one with
   # probability > 0.99 (its relative std is 1/√1200 ≈ 2.9%).
   assert 0.5 * np.sqrt(0.5) * 0.9 < std < 0.5 * np.sqrt(0.5) * 1.1
+
+
+def test_replicated_with_a_var_list_filtered_in_python():
+  def frozen_bias_fn(features, labels, mode):
+    w = tf1.get_variable("w", initializer=tf.fill([3, 2], 0.1))
+    b = tf1.get_variable("b", initializer=tf.zeros([2]))
+    loss = tf.reduce_mean(tf.square(tf.matmul(features, w) + b - labels))
+    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
+    var_list = [v for v in tf1.trainable_variables()
+                if v.op.name.startswith("w")]
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=opt.minimize(
+        loss, tf1.train.get_global_step(), var_list=var_list))
+
+  report = emg.check_towers(frozen_bias_fn, batches_fn, DEVICES,
+                            variable_update="replicated")
+  assert report.ok, str(report)
