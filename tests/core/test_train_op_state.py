@@ -161,3 +161,12 @@ def test_no_warning_for_updates_the_towers_agree_on(caplog, session_config):
   with caplog.at_level(logging.WARNING, logger="absl"):
     harness.train(model_fn_with(ema), X, Y, 1, session_config, num_towers=2)
   assert "shard only" not in caplog.text
+
+
+def test_counter_with_even_shards(session_config):
+  """8 examples on 2 towers: both shards' counts are the constant 4 (a
+  static shape); it is still each tower's own count."""
+  x, y = harness.linear_data(8)
+  got, _ = harness.train(model_fn_with(counter), x, y, 2, session_config,
+                         num_towers=2)
+  assert got["examples"] == 2 * 8
