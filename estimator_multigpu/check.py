@@ -33,6 +33,7 @@ from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import replicate
 from estimator_multigpu.graph import calling
 from estimator_multigpu.graph import plan as plan_lib
+from estimator_multigpu.graph import state_updates
 from estimator_multigpu.update import clipping
 
 op_callbacks = compat.internal("op_callbacks")
@@ -64,6 +65,8 @@ class _Run:
   first_loss: float
   transformed: list
   readouts: dict = dataclasses.field(default_factory=dict)
+  noisy: list = dataclasses.field(default_factory=list)
+  state: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -136,9 +139,9 @@ def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
   groups = plan_lib.resolve_groups(devices) or [[devices_lib.resolve_devices(
       None)[0]]]
   config = _session_config([d for group in groups for d in group])
-  run = lambda fn, initial=None: _train(fn, input_fn, steps, params, config,  # noqa: E731
-                                        initial)
-  reference = run(model_fn)
+  run = lambda fn, initial=None, k=1: _train(  # noqa: E731
+      fn, input_fn, steps, params, config, initial, k)
+  reference = run(model_fn, k=multi_gpu_options.get("accumulate_steps", 1))
   wrapped = replicate.multi_gpu(model_fn, devices=devices, **multi_gpu_options)
   towers = run(wrapped, reference.initial)
   for mode in modes:
@@ -146,7 +149,8 @@ def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
                params, config, steps)
   expected = dict(reference.final, **reference.readouts)
   worst = _differences(expected, dict(towers.final, **towers.readouts))
-  check = TowerCheck(_within(worst, expected, tolerance), worst,
+  check = TowerCheck(_within(worst, expected, tolerance) and
+                     not towers.noisy, worst,
                      [devices_lib.short_name(g[0]) for g in groups], steps,
                      reference.first_loss, towers.first_loss)
   if not check.ok:
@@ -227,20 +231,25 @@ def _fixed_random(op_type, inputs, attrs, outputs, op_name=None, graph=None):
                     tf.cast(_FIXED_RANDOM[op_type], outputs[0].dtype))]
 
 
-def _train(fn, input_fn, steps: int, params, config, initial) -> _Run:
-  """Trains `fn` for `steps` in a fresh graph; returns what it saw."""
+def _train(fn, input_fn, steps: int, params, config, initial,
+           batches: int = 1) -> _Run:
+  """Trains `fn` for `steps` in a fresh graph; returns what it saw. Each
+  step reads `batches` batches of a Dataset, concatenated (the one-device
+  reference of `accumulate_steps`)."""
   op_callbacks.add_op_callback(_fixed_random)
   try:
-    return _train_fixed(fn, input_fn, steps, params, config, initial)
+    return _train_fixed(fn, input_fn, steps, params, config, initial,
+                        batches)
   finally:
     op_callbacks.remove_op_callback(_fixed_random)
 
 
-def _train_fixed(fn, input_fn, steps, params, config, initial) -> _Run:
+def _train_fixed(fn, input_fn, steps, params, config, initial,
+                 batches) -> _Run:
   with tf.Graph().as_default() as graph:
     tf1.set_random_seed(0)
     tf1.train.get_or_create_global_step()
-    features, labels = _inputs(input_fn, params)
+    features, labels = _inputs(input_fn, params, batches)
     spec = calling.call_model_fn(
         fn, features, labels, TRAIN, params or {},
         tf.estimator.RunConfig(session_config=config))
@@ -258,19 +267,34 @@ def _train_fixed(fn, input_fn, steps, params, config, initial) -> _Run:
       losses = [first_loss] + [session.run([spec.loss, spec.train_op])[0]
                                for _ in range(steps - 1)]
       final = dict(zip(names, session.raw_session().run(variables)))
-    return _Run(start, final, float(losses[0]), sorted(set(
-        graph.get_collection(clipping.TRANSFORMED_COLLECTION))), readouts)
+    collected = lambda key: sorted(set(graph.get_collection(key)))  # noqa: E731
+    return _Run(start, final, float(losses[0]),
+                collected(clipping.TRANSFORMED_COLLECTION), readouts,
+                collected(clipping.NOISY_COLLECTION),
+                collected(state_updates.STATE_COLLECTION))
 
 
-def _inputs(input_fn, params) -> tuple:
-  """(features, labels) from an input_fn returning a Dataset or tensors."""
+def _inputs(input_fn, params, batches: int = 1) -> tuple:
+  """(features, labels) from an input_fn returning a Dataset (`batches` of
+  its batches, concatenated in order) or tensors."""
   result = (input_fn(params=params or {})
             if "params" in function_utils.fn_args(input_fn) else input_fn())
   if isinstance(result, tf.data.Dataset):
-    result = tf1.data.make_one_shot_iterator(result).get_next()
+    result = _next_batches(tf1.data.make_one_shot_iterator(result), batches)
   if isinstance(result, tuple) and len(result) == 2:
     return result
   return result, None
+
+
+def _next_batches(iterator, batches: int):
+  """`batches` consecutive elements, concatenated along axis 0."""
+  elements = [iterator.get_next()]
+  for _ in range(batches - 1):
+    with tf.control_dependencies(tf.nest.flatten(elements[-1])):
+      elements.append(iterator.get_next())
+  if batches == 1:
+    return elements[0]
+  return tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *elements)
 
 
 def _scaffold(scaffold, variables: list, initial: Optional[dict]):
@@ -312,6 +336,7 @@ def _causes(reference: _Run, towers: _Run, options: dict, retry) -> list:
         f"them (clipping {', '.join(_short(towers.transformed))})",
         "remove the clip from the model_fn and pass multi_gpu(..., "
         "clip_gradients_by_norm=<the same norm>)"))
+  causes += _structural_causes(towers)
   if not options.get("sync_batch_norm") and retry(sync_batch_norm=True):
     causes.append((
         "batch norm normalizes each tower's shard with its own statistics",
@@ -326,6 +351,29 @@ def _causes(reference: _Run, towers: _Run, options: dict, retry) -> list:
     same_loss = np.isclose(reference.first_loss, towers.first_loss,
                            rtol=1e-5, atol=1e-6)
     causes.append(_GRADIENTS if same_loss else _COUPLED)
+  return causes
+
+
+def _structural_causes(towers: _Run) -> list:
+  """Causes found in the towers' graph: per-tower gradient noise, state the
+  train_op updates from tower 0's shard."""
+  causes = []
+  if towers.noisy:
+    causes.append((
+        "random noise is added to each tower's gradients "
+        f"({', '.join(_short(towers.noisy))}), so the combined noise has "
+        "less than one device's standard deviation (check_towers holds "
+        "random draws fixed, so the values can still agree)",
+        "add the noise once, to the combined gradients: an optimizer that "
+        "wraps the inner one, inside TowerOptimizer"))
+  if towers.state:
+    causes.append((
+        "the train_op updates state from tower 0's shard only, outside "
+        f"UPDATE_OPS ({', '.join(_short(towers.state))}): a statistic of "
+        "the batch (moving average, center-loss counts)",
+        "compute it over the global batch with emg.cross_tower_sum or "
+        "emg.cross_tower_moments, or use a batch-norm layer with "
+        "multi_gpu(..., sync_batch_norm=True)"))
   return causes
 
 

@@ -25,15 +25,18 @@ from estimator_multigpu.graph import precision as precision_lib
 from estimator_multigpu.graph import readouts
 from estimator_multigpu.graph import specs as specs_lib
 from estimator_multigpu.graph import splitting
+from estimator_multigpu.graph import state_updates
 from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.cluster import all_reduce_job
 from estimator_multigpu.cross_tower import collectives
 from estimator_multigpu.cross_tower import context
 from estimator_multigpu.cross_tower import layers as sync_batch_norm
 from estimator_multigpu.cross_tower import losses
+from estimator_multigpu.update import accumulation
 from estimator_multigpu.update import chain as chain_lib
 from estimator_multigpu.update import loss_scaling
 from estimator_multigpu.update import tower_optimizer
+from estimator_multigpu.update import triggers
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
@@ -86,7 +89,12 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
     spec = specs_lib.merge_specs(towers, mode, shares=shares,
                                  analyses=analyses)
   else:
-    spec = _train_spec(towers, strategy, options, examples, scaling, config)
+    towers[0].deferred_dependencies += state_updates.reconcile(
+        towers, split.shards[0])
+    weight = (accumulation.micro_batch_weight(towers[0], examples,
+                                              split.shards[0])
+              if options.accumulate_steps > 1 else examples)
+    spec = _train_spec(towers, strategy, options, weight, scaling, config)
     if options.synchronization == "async":  # the loss of the global batch.
       spec = spec._replace(loss=specs_lib.combine_losses(towers, [
           split.loss_weight(i, options.loss_reduction, examples)
@@ -203,23 +211,12 @@ def _train_spec(towers: list, strategy, options: Options, examples, scaling,
       loss_reduction=options.loss_reduction,
       global_batch_size=examples, loss_scaling=scaling,
       clip_norm=options.clip_gradients_by_norm)
-  apply_ops = chain.build(towers)
-  if options.accumulate_steps == 1:
-    _after_the_update(towers[0], apply_ops)
+  apply_ops = triggers.tie(towers[0], chain.build(towers),
+                          accumulate=options.accumulate_steps > 1)
   specs_lib.summarize_tower_losses(towers)
   spec = specs_lib.merge_specs(
       towers, ModeKeys.TRAIN, specs_lib.merged_train_op(towers, apply_ops))
   return chain.finish_spec(spec, towers, getattr(config, "model_dir", None))
-
-
-def _after_the_update(tower, apply_ops: list) -> None:
-  """What tower 0's model_fn put under the control of its optimizer call
-  (its own `ExponentialMovingAverage.apply`, a step counter) runs after the
-  combined update, as on one device. (With accumulation tower 0's train_op
-  runs for every micro-batch, so it cannot wait for the update.)"""
-  ops = [op if isinstance(op, tf.Operation) else op.op for op in apply_ops]
-  for call in tower.optimizer_calls:
-    call.recorded._add_control_inputs(ops)  # pylint: disable=protected-access
 
 
 def _check_tower_optimizer(towers: list) -> None:

@@ -51,7 +51,10 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
        AdamWeightDecay) and a hand-incremented `global_step` (tower 0's
        train_op runs once per step) work; `TowerOptimizer(TowerOptimizer(
        opt))` is `TowerOptimizer(opt)`. With `tf_slim.optimize_loss`, pass
-       `optimizer=lambda lr: TowerOptimizer(...)`, not a name.
+       `optimizer=lambda lr: TowerOptimizer(...)`, not a name. Each
+       optimizer's combined update runs when its own tower-0 op runs (the
+       train_op, a hook's `run` as in TF-GAN, a `tf.cond` branch: compute
+       the losses before the `tf.cond`) and applies only its variables.
     2. With `loss_reduction="mean"` (default) the loss must be a mean over
        the tower's examples, plus any batch-independent terms such as weight
        decay; with `"sum"` it must be a sum over them (a batch-independent
@@ -119,7 +122,10 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   How each mode is merged:
     TRAIN: loss = Σ (nᵢ/n)·lossᵢ ("mean") or Σ lossᵢ ("sum"); gradients summed
       on the aggregation device (sparse stays sparse) and applied once;
-      tower 0's train_op, hooks, scaffold and summaries are kept.
+      tower 0's train_op, hooks, scaffold and summaries are kept. State the
+      train_op writes from the batch outside UPDATE_OPS: counts and sums
+      are every tower's, values made global with the cross-tower tools are
+      written once, anything else is a WARNING naming the variable.
     EVAL: the loss as in TRAIN; each metric one device's (rule 6).
     PREDICT: predictions and export outputs concatenated in input order
       (batch-level ones through the cross-tower tools, rule 6).

@@ -15,9 +15,10 @@ them into exact float64 sums Σx = Σ(x - c) + n·c and
 float64, so the variance does not cancel catastrophically for data far from
 zero. The identities hold for any c, so c carries no gradient.
 
-Where it applies: inside a tower of `multi_gpu(..., sync_batch_norm=True)`
-in TRAIN mode with more than one tower (see `tower_context`); anywhere else
-these are the local moments of `x`.
+Where it applies: inside any tower of `multi_gpu` with more than one tower
+(`sync_batch_norm=True` only decides whether batch-norm layers use it);
+anywhere else (one tower, outside `multi_gpu`, export) these are the local
+moments of `x`, which are the whole batch's.
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ def _synchronized() -> Optional[context_lib.TowerContext]:
   return context if context and context.group.num_towers > 1 else None
 
 
+def _across_towers() -> Optional[context_lib.TowerContext]:
+  """Any multi-tower context: `cross_tower_moments` called by the model_fn
+  is global with or without sync_batch_norm (which only patches the
+  batch-norm layers)."""
+  context = context_lib.current()
+  return context if context and context.group.num_towers > 1 else None
+
+
 def tower_context(tower_index: int, group: collectives.Group,
                   loss_weight: Any = None):
   """Makes `cross_tower_moments` inside reduce over `group`'s towers.
@@ -62,11 +71,12 @@ def cross_tower_moments(x: tf.Tensor, axes: Sequence[int],
 
   A drop-in for `tf.nn.moments` (or `tf.nn.weighted_moments` with
   `frequency_weights`) for custom normalization code in a `model_fn`: inside
-  the towers of `multi_gpu(..., sync_batch_norm=True)` in TRAIN mode the
-  moments cover every tower's shard, exactly as one device would compute them
-  on the global batch, and gradients flow back to every tower. Elsewhere
-  (one tower, EVAL, PREDICT, export, outside `multi_gpu`) they are the local
-  moments. Every tower must make the same calls in the same order.
+  the towers of `multi_gpu` (with or without `sync_batch_norm`, which only
+  decides whether batch-norm layers use it) the moments cover every tower's
+  shard, exactly as one device would compute them on the global batch, and
+  gradients flow back to every tower. Elsewhere (one tower, export, outside
+  `multi_gpu`) they are the local moments, the whole batch's. Every tower
+  must make the same calls in the same order.
 
   Example:
     >>> mean, variance = emg.cross_tower_moments(x, axes=[0, 1, 2])
@@ -102,7 +112,7 @@ def global_statistics(x, axes, keepdims=False, frequency_weights=None,
   with tf1.name_scope(name, "cross_tower_moments", [x]):
     dtype = tf.float32 if x.dtype in (tf.float16, tf.bfloat16) else x.dtype
     sums, shape = _float64_sums(tf.cast(x, dtype), axes, frequency_weights)
-    context = _synchronized()
+    context = _across_towers()
     if context is not None:
       sums = collectives.all_reduce_sum(sums, context.group,
                                         context.tower_index, context.device,

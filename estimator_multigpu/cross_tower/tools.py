@@ -33,6 +33,11 @@ from estimator_multigpu.cross_tower import context as context_lib
 tf1 = tf.compat.v1
 
 
+# (ratio, global denominator) of every `global_ratio` (gradient accumulation
+# weighs micro-batches by the denominator: `update.accumulation`).
+NORMALIZERS = "estimator_multigpu_global_normalizers"
+
+
 def _context() -> Optional[context_lib.TowerContext]:
   context = context_lib.current()
   return context if context and context.group.num_towers > 1 else None
@@ -76,10 +81,14 @@ def global_ratio(numerator, denominator,
     denominator = tf.cast(denominator, numerator.dtype)
     context = _context()
     if context is None:
-      return numerator / denominator
+      ratio = numerator / denominator
+      tf1.add_to_collection(NORMALIZERS, (ratio, denominator))
+      return ratio
     total = cross_tower_sum(denominator)
-    return tf.math.divide_no_nan(numerator, _share(context, numerator.dtype)
-                                 * total)
+    ratio = tf.math.divide_no_nan(numerator, _share(context, numerator.dtype)
+                                  * total)
+    tf1.add_to_collection(NORMALIZERS, (ratio, total))
+    return ratio
 
 
 def tower_share(total, name: Optional[str] = None) -> tf.Tensor:

@@ -74,6 +74,7 @@ def _guard(op_type, inputs, attrs, outputs, op_name=None, graph=None):
   del op_name
   if (op_type not in UNSAFE_OPS or getattr(_STATE, "inside", False) or
       isinstance(graph, func_graph.FuncGraph) or not inputs or
+      not outputs or  # None when the op is not built yet (Keras Conv2D).
       any(output.shape.rank is None for output in outputs)):
     return None
   attributes = {attrs[i]: attrs[i + 1] for i in range(0, len(attrs), 2)}

@@ -9,7 +9,7 @@
   merged metric is tower 0's value with all towers' updates, weighted or
   ordered so it is one device's (`metrics`).
 - train_op: tower 0's train_op (whatever the model_fn wrapped around its
-  `minimize`) plus the single application of the combined gradients plus
+  `minimize`, whose no-op waits for that optimizer's combined update) plus
   tower 0's UPDATE_OPS.
 - hooks, scaffold: tower 0's; summaries: tower 0's (others never reach the
   SUMMARIES collection).
@@ -138,8 +138,8 @@ def summarize_tower_losses(towers: list) -> None:
 
 
 def merged_train_op(towers: list, apply_ops: list) -> tf.Operation:
-  """Tower 0's train_op, the gradient application and tower 0's UPDATE_OPS
-  (`towers.Tower.step_ops`)."""
+  """Tower 0's train_op and UPDATE_OPS (`towers.Tower.step_ops`), plus the
+  updates no tower-0 op triggers (`update.triggers.tie`)."""
   return tf.group(*towers[0].step_ops(), *apply_ops,
                   name="multi_gpu_train_op")
 

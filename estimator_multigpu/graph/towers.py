@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu import devices as devices_lib
+from estimator_multigpu.cross_tower import tools as cross_tower_tools
 from estimator_multigpu.graph import sharing
 
 vs_lib = compat.internal("variable_scope")
@@ -30,7 +31,8 @@ tf1 = tf.compat.v1
 # nothing behind in them (summaries, update ops and losses come from tower 0).
 ISOLATED_COLLECTIONS = (tf1.GraphKeys.LOSSES, tf1.GraphKeys.UPDATE_OPS,
                         tf1.GraphKeys.SUMMARIES,
-                        tf1.GraphKeys.REGULARIZATION_LOSSES)
+                        tf1.GraphKeys.REGULARIZATION_LOSSES,
+                        cross_tower_tools.NORMALIZERS)
 
 @dataclasses.dataclass
 class OptimizerCall:
@@ -47,6 +49,8 @@ class OptimizerCall:
   variable_scope: Any = None
   name_scope: str = ""
   recorded: Any = None  # the no-op the call returned to the model_fn.
+  branch: Any = None  # the tf.cond branch (function graph) it was made in.
+  signature: Any = None  # `update.clipping.signature` of its gradients.
 
   @contextlib.contextmanager
   def scopes(self):
@@ -80,6 +84,10 @@ class Tower:
     deferred_dependencies: no-ops holding the control dependencies that were
       around tower 0's `TowerOptimizer.compute_gradients` (usually its
       UPDATE_OPS); the train op runs them, the gradients don't wait for them.
+    branch_gradients: ids of the gradients `TowerOptimizer` computed, outside
+      the tf.cond, for a call made inside a tf.cond branch (`triggers`).
+    var_lists: the `var_list` of each `TowerOptimizer.compute_gradients`
+      call; `tower0_var_lists`: tower 0's (replicated towers use those).
   """
   index: int
   device: Optional[str]
@@ -92,6 +100,9 @@ class Tower:
   local_variables: dict = dataclasses.field(default_factory=dict)
   loss_scaled_gradients: set = dataclasses.field(default_factory=set)
   deferred_dependencies: list = dataclasses.field(default_factory=list)
+  branch_gradients: set = dataclasses.field(default_factory=set)
+  var_lists: list = dataclasses.field(default_factory=list)
+  tower0_var_lists: list = dataclasses.field(default_factory=list)
 
   @property
   def name(self) -> str:
@@ -225,7 +236,8 @@ def build_towers(call: TowerCall, plan: Any, shards: Sequence[Any],
   for index, group in enumerate(plan.groups):
     tower = Tower(index, group[0],
                   loss_weights[index] if loss_weights else 1.0,
-                  group=list(group), num_towers=plan.num_towers)
+                  group=list(group), num_towers=plan.num_towers,
+                  tower0_var_lists=towers[0].var_lists if towers else [])
     with _explained_mismatch(tower, api, hint), \
         strategy.sharing_scope(tower), \
         tower_scope(tower, strategy.placement(tower)), \

@@ -129,8 +129,37 @@ def check_call_counts(towers: list) -> None:
 def calls_by_position(towers: list) -> list:
   """Per optimizer call (call order), every tower's recorded call."""
   check_call_counts(towers)
-  return [[tower.optimizer_calls[position] for tower in towers]
-          for position in range(len(towers[0].optimizer_calls))]
+  by_position = [[tower.optimizer_calls[position] for tower in towers]
+                 for position in range(len(towers[0].optimizer_calls))]
+  for calls in by_position:
+    warn_if_transformed_differently(calls)
+  return by_position
+
+
+def warn_if_transformed_differently(calls: list) -> None:
+  """A WARNING naming the variables whose gradient a tower 1.. transformed
+  differently from tower 0 (e.g. a multiplier keyed by tower 0's variable
+  object or name that the tower's own copy does not match)."""
+  first = calls[0]
+  for index, call in enumerate(calls[1:], start=1):
+    if first.signature is None or call.signature is None:
+      continue
+    differ = [v.op.name for (_, v), a, b in zip(
+        first.grads_and_vars, first.signature, call.signature) if a != b]
+    if differ:
+      logging.warning(
+          "multi_gpu: tower %d transformed the gradients of %s differently "
+          "from tower 0 (ops %s vs %s), so the towers' gradients do not "
+          "combine into one device's. Choose multipliers and transforms by "
+          "the variables `compute_gradients` returns (tower 0's in every "
+          "tower), not by variables or names held per tower.", index,
+          ", ".join(differ[:3]), _first_difference(first, call),
+          _first_difference(call, first))
+
+
+def _first_difference(call, other) -> tuple:
+  return next((a for a, b in zip(call.signature, other.signature) if a != b),
+              ())
 
 
 def check_variables_line_up(tower_grads: list) -> None:

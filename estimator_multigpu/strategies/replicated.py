@@ -7,7 +7,14 @@ tf_cnn_benchmarks' `replicated` mode, tensorpack's
   variables and optimizer slots carry the single-device names, are global and
   are the only ones a checkpoint holds.
 - Towers 1.. get their own copy of every trainable variable tower 0 has,
-  `tower_<i>/<name>`, on their device, in LOCAL_VARIABLES (never saved). A
+  `tower_<i>/<name>`, on their device, in LOCAL_VARIABLES (never saved).
+  `TowerOptimizer.compute_gradients` in tower i differentiates the copies
+  but pairs the gradients with tower 0's variables (single-device names:
+  multipliers chosen by a regex on `var.op.name` or keyed by tower 0's
+  variables match), over tower 0's `var_list` of the same call (a list
+  filtered by op name in Python is empty in tower i). A transform that
+  treats tower i's gradients differently (a dict keyed by the tower's own
+  copy) is a WARNING (`base.warn_if_transformed_differently`). A
   copy's initializer reads tower 0's variable, and Estimator runs the local
   initializers after the global ones or a restore, so the copies start equal
   to tower 0's values, restored or fresh. Inside tower i,
@@ -66,7 +73,7 @@ def local_copy(original: tf.Variable, name: str, trainable: bool):
                   dtype=original.dtype.base_dtype)
     if not resource_variable_ops.is_resource_variable(original):
       return ref_variable.RefVariable(**kwargs)
-    replica = _TowerCopy(**kwargs)
+    replica = _TowerCopy(original=original, **kwargs)
   # Its `name` is tower 0's (its op is `tower_<i>/...`), so the model_fn's
   # filters by name or scope (`var_list` of a frozen backbone) pick the
   # same variables in every tower.
@@ -76,6 +83,10 @@ def local_copy(original: tf.Variable, name: str, trainable: bool):
 
 class _TowerCopy(resource_variable_ops.ResourceVariable):
   """A tower's copy whose `name` is tower 0's; slots named after its op."""
+
+  def __init__(self, *args, original=None, **kwargs):
+    self._original = original  # tower 0's variable.
+    super().__init__(*args, **kwargs)
 
   @property
   def _shared_name(self) -> str:

@@ -51,6 +51,9 @@ from typing import Any, Optional
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu.cross_tower import tools
+from estimator_multigpu.graph import state_updates
+
 tf1 = tf.compat.v1
 
 SCOPE = "gradient_accumulation/"  # absolute name scope of the accumulators.
@@ -83,6 +86,38 @@ def _local_variable(name: str, shape, dtype) -> tf.Variable:
     return tf1.Variable(tf.zeros(shape, dtype), trainable=False,
                         collections=[tf1.GraphKeys.LOCAL_VARIABLES],
                         use_resource=True, name=name)
+
+
+def micro_batch_weight(tower0, examples: Any, shard: Any) -> Any:
+  """What micro-batch j is weighted by: its examples nⱼ, or, for a loss
+  normalized by a count of the batch (`global_ratio`, `tf.compat.v1.losses`
+  with weights, e.g. a token-level mean), that count over the global
+  micro-batch Tⱼ: Σⱼ Tⱼ·(numⱼ/Tⱼ) / Σⱼ Tⱼ is then the normalized loss of the
+  whole accumulated batch. A loss that mixes such a term with another term
+  of the batch (two normalizers, or a per-example mean) cannot be weighted
+  exactly: a WARNING says so and micro-batches are weighed by examples.
+  """
+  pairs = tower0.collections.get(tools.NORMALIZERS, [])
+  if not pairs or tower0.spec.loss is None:
+    return examples
+  ratios = {ratio.op for ratio, _ in pairs}
+  totals = {id(total): total for _, total in pairs}
+  inputs = {t.op for t in tf.nest.flatten(shard, expand_composites=True)
+            if isinstance(t, tf.Tensor)}
+  other = state_updates.ancestors(
+      [tower0.spec.loss], lambda op: op in ratios or
+      state_updates.is_collective(op)) & inputs
+  if len(totals) > 1 or other:
+    logging.warning(
+        "multi_gpu: accumulate_steps weighs micro-batches by their examples,"
+        " but the loss %s: those terms are weighted per micro-batch, not "
+        "normalized over the whole accumulated batch. Use one normalizer "
+        "(one global_ratio or tf.compat.v1.losses term) for the batch-"
+        "dependent part of the loss, or accumulate_steps=1.",
+        "has %d different normalizers" % len(totals) if len(totals) > 1
+        else "also has a term that is not normalized by them")
+    return examples
+  return next(iter(totals.values()))
 
 
 @dataclasses.dataclass

@@ -28,6 +28,7 @@ import tensorflow as tf
 from estimator_multigpu.update import accumulation
 from estimator_multigpu.update import clipping
 from estimator_multigpu.update import loss_scaling as loss_scaling_lib
+from estimator_multigpu.update import triggers
 
 
 class UpdateChain:
@@ -61,11 +62,30 @@ class UpdateChain:
     self._loss_scale_update: Optional[tf.Operation] = None
 
   def build(self, towers: list) -> list:
-    """The apply ops of one step, through every step of the chain."""
+    """The apply ops of one step, through every step of the chain: per
+    optimizer call (call order), the ops applying its combined update."""
     updates = self.strategy.combine(towers)
     apply_if = self._decide(towers)
     updates = [self._middle(update) for update in updates]
-    return self.strategy.apply(updates, apply_if)
+    return [self.strategy.apply(
+        [u for u in updates if u.position == position],
+        self._when(call, apply_if))
+            for position, call in enumerate(towers[0].optimizer_calls)]
+
+  def _when(self, call, apply_if: Optional[tf.Tensor]
+            ) -> Optional[tf.Tensor]:
+    """A call made in a tf.cond branch applies when the branch is taken."""
+    if call.branch is None:
+      return apply_if
+    if self._accumulation is not None:
+      raise ValueError(
+          "`TowerOptimizer` was called inside a tf.cond branch with "
+          f"accumulate_steps={self._accumulation[0]}: the micro-batches of "
+          "one update could take different branches. Use accumulate_steps=1"
+          ", or call every optimizer outside the tf.cond.")
+    with tf.device(self.device), tf.name_scope("combined_update_if"):
+      taken = triggers.branch_taken(call.branch)
+      return taken if apply_if is None else tf.logical_and(taken, apply_if)
 
   def _middle(self, update):
     """unscale -> accumulate -> clip, on the update's device."""

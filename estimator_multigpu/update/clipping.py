@@ -32,6 +32,15 @@ _ELEMENTWISE = frozenset([
 _NONLINEAR = frozenset(["Minimum", "Maximum", "ClipByValue"])
 _SEARCH_LIMIT = 4000  # ops visited per factor before giving up (no warning).
 TRANSFORMED_COLLECTION = "estimator_multigpu_per_tower_gradient_transforms"
+NOISY_COLLECTION = "estimator_multigpu_per_tower_gradient_noise"
+_SUMS = frozenset(["Add", "AddV2", "AddN", "Sub"])  # where noise joins.
+# Ops drawing random numbers (stateful and stateless).
+_RANDOM = ("RandomStandardNormal", "RandomUniform", "RandomUniformInt",
+           "TruncatedNormal", "ParameterizedTruncatedNormal", "RandomGamma",
+           "RandomPoisson", "RandomPoissonV2", "Multinomial",
+           "StatelessRandom", "StatelessTruncatedNormal",
+           "StatelessParameterizedTruncatedNormal", "StatefulStandardNormal",
+           "StatefulUniform", "StatefulTruncatedNormal")
 _WARNED: set = set()
 
 
@@ -63,15 +72,16 @@ def _values(grad) -> tf.Tensor:
   return grad.values if isinstance(grad, tf.IndexedSlices) else grad
 
 
-def _chain(grad, computed: frozenset) -> tuple:
-  """(tensors of the elementwise walk back from `grad`, the side inputs)."""
+def _chain(grad, computed: frozenset, through=_ELEMENTWISE) -> tuple:
+  """(tensors of the elementwise walk back from `grad` through the op types
+  `through`, the side inputs)."""
   tensor = _values(grad)
   shape = tensor.shape
   chain, factors, stack = [], [], [tensor]
   while stack:
     current = stack.pop()
     chain.append(current)
-    if current.op.type not in _ELEMENTWISE or id(current) in computed:
+    if current.op.type not in through or id(current) in computed:
       continue
     for operand in current.op.inputs:
       if operand.shape == shape and operand.shape.rank:
@@ -123,3 +133,43 @@ def warn_if_transformed(grads_and_vars: list,
         "same norm>).", ", ".join(names[:3]) + (" ..." if len(names) > 3
                                                else ""))
   return names
+
+
+def warn_if_noisy(grads_and_vars: list,
+                  computed: frozenset = frozenset()) -> list:
+  """Warns once when random noise is added to a tower's gradients.
+
+  Found from the graph's structure: the elementwise walk back from a
+  gradient (see `find_transformed`) reaches a random op. Each tower adds
+  its own draw, weighted by its share wᵢ of the global batch, so the
+  combined noise has √Σwᵢ² of one device's standard deviation (0.71 on 2
+  even towers). Returns the variables' names (also recorded in the graph
+  collection `NOISY_COLLECTION`, for `check_towers`).
+  """
+  names = [v.op.name for g, v in grads_and_vars if g is not None and any(
+      t.op.type.startswith(_RANDOM)
+      for t in _chain(g, computed, _ELEMENTWISE | _SUMS)[0])]
+  for name in names:
+    tf.compat.v1.add_to_collection(NOISY_COLLECTION, name)
+  if names and "noise" not in _WARNED:
+    _WARNED.add("noise")
+    logging.warning(
+        "multi_gpu: the model_fn adds random noise to its gradients inside "
+        "each tower (%s; e.g. optimize_loss(gradient_noise_scale=...)): the "
+        "towers' draws are combined with their batch shares, so the noise "
+        "has less than one device's standard deviation (1/sqrt(towers) for "
+        "even shards). Add the noise once to the combined gradients instead:"
+        " an optimizer that wraps the inner one, inside TowerOptimizer.",
+        ", ".join(names[:3]) + (" ..." if len(names) > 3 else ""))
+  return names
+
+
+def signature(grads_and_vars: list, computed: frozenset = frozenset()
+              ) -> list:
+  """Per gradient, the op types of its elementwise walk back (None for a
+  None gradient): towers whose signatures differ transformed their
+  gradients differently (`strategies.base.warn_if_transformed_differently`).
+  """
+  return [None if g is None else tuple(
+      t.op.type for t in _chain(g, computed, _ELEMENTWISE | _SUMS)[0])
+          for g, _ in grads_and_vars]

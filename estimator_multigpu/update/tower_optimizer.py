@@ -22,6 +22,7 @@ from estimator_multigpu.graph import precision
 from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.strategies import base
 from estimator_multigpu.update import clipping
+from estimator_multigpu.update import triggers
 tf1 = tf.compat.v1
 
 # Names of the SyncReplicasOptimizers that applied gradients in this graph
@@ -89,20 +90,24 @@ class TowerOptimizer(tf1.train.Optimizer):
     tower = towers_lib.current_tower()
     if tower is None:
       return self._optimizer.compute_gradients(loss, var_list, **kwargs)
-    if var_list is not None and tower.local_variables:
-      var_list = [tower.local_variables.get(getattr(v, "op", v).name, v)
-                  for v in tf.nest.flatten(var_list)]
-    loss = precision.scale_loss(loss)  # float32 (× loss scale: float16)
-    kwargs["colocate_gradients_with_ops"] = True
-    if tower.index == 0:  # the scope's control inputs, for the train op.
+    var_list = _tower_var_list(tower, var_list)
+    branch = triggers.current_branch()
+    if branch is not None:  # differentiated outside the tf.cond.
+      loss = triggers.outer_tensor(branch, loss)
+    elif tower.index == 0:  # the scope's control inputs, for the train op.
       tower.deferred_dependencies.append(
           tf.no_op(name="control_dependencies_of_compute_gradients"))
-    with tf.control_dependencies(None):
+    kwargs["colocate_gradients_with_ops"] = True
+    with triggers.outside(branch), tf.control_dependencies(None):
+      loss = precision.scale_loss(loss)  # float32 (× loss scale: float16)
       grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
                                                          **kwargs)
-    tower.loss_scaled_gradients.update(
-        id(t) for g, _ in grads_and_vars if g is not None
-        for t in (g, getattr(g, "values", g)))
+    grads_and_vars = _as_tower0_variables(tower, grads_and_vars)
+    ids = {id(t) for g, _ in grads_and_vars if g is not None
+           for t in (g, getattr(g, "values", g))}
+    tower.loss_scaled_gradients.update(ids)
+    if branch is not None:
+      tower.branch_gradients.update(ids)
     return grads_and_vars
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
@@ -114,19 +119,25 @@ class TowerOptimizer(tf1.train.Optimizer):
     tower = towers_lib.current_tower()
     if tower is None:
       return self.apply_combined(grads_and_vars, global_step, name)
-    _check_not_in_a_function()
     grads_and_vars = list(grads_and_vars)
+    branch = triggers.current_branch()
+    if branch is not None:
+      triggers.check_computed_outside(grads_and_vars, tower.branch_gradients)
     if precision.loss_scaling_active():
       _check_loss_scaled(tower, grads_and_vars)
     if tower.num_towers > 1:
-      clipping.warn_if_transformed(
-          grads_and_vars, frozenset(tower.loss_scaled_gradients))
-    with _outside_control_dependencies(tower), tf.name_scope("tower_weight"):
+      computed = frozenset(tower.loss_scaled_gradients)
+      clipping.warn_if_transformed(grads_and_vars, computed)
+      clipping.warn_if_noisy(grads_and_vars, computed)
+    shape = clipping.signature(grads_and_vars,
+                               frozenset(tower.loss_scaled_gradients))
+    with _outside_control_dependencies(tower), triggers.outside(branch), \
+        tf.name_scope("tower_weight"):
       weighted = [(_scale(g, tower.loss_weight), v) for g, v in grads_and_vars]
     recorded = tf.no_op(name="recorded_for_tower_aggregation")
     tower.optimizer_calls.append(towers_lib.OptimizerCall(
         self, weighted, global_step, name, tf1.get_variable_scope(),
-        tf1.get_default_graph().get_name_scope(), recorded))
+        tf1.get_default_graph().get_name_scope(), recorded, branch, shape))
     return recorded
 
   @property
@@ -183,18 +194,32 @@ def _check_loss_scaled(tower, grads_and_vars: list) -> None:
         "mixed_precision='bfloat16', which needs no loss scaling.")
 
 
-def _check_not_in_a_function() -> None:
-  """Recording happens in the tower's graph, not inside a `tf.cond` branch
-  (`MixedPrecisionLossScaleOptimizer` applies inside one)."""
-  if tf1.get_default_graph().building_function:
-    raise ValueError(
-        "`TowerOptimizer.apply_gradients` was called inside a tf.cond or "
-        "tf.function: an optimizer wraps the TowerOptimizer and applies "
-        "conditionally (MixedPrecisionLossScaleOptimizer(TowerOptimizer(opt))"
-        " does). Wrap the other way round, TowerOptimizer("
-        "MixedPrecisionLossScaleOptimizer(opt, loss_scale)), so the loss "
-        "scale decides once for the combined gradients; or use "
-        "multi_gpu(mixed_precision='float16').")
+def _tower_var_list(tower, var_list):
+  """Replicated variables: tower 0's `var_list` of this call (by call order),
+  as tower `tower`'s copies. Tower 0 records its own."""
+  if tower.index == 0:
+    tower.var_lists.append(var_list)
+    return var_list
+  if not tower.local_variables:
+    return var_list
+  position = len(tower.var_lists)
+  tower.var_lists.append(var_list)
+  tower0_list = tower.tower0_var_lists[position] if position < len(
+      tower.tower0_var_lists) else var_list
+  if tower0_list is None:
+    return None
+  return [tower.local_variables.get(getattr(v, "op", v).name, v)
+          for v in tf.nest.flatten(tower0_list)]
+
+
+def _as_tower0_variables(tower, grads_and_vars: list) -> list:
+  """Tower i's copies -> tower 0's variables, in the pairs returned."""
+  if tower.index == 0 or not tower.local_variables:
+    return grads_and_vars
+  originals = {id(copy): copy._original  # pylint: disable=protected-access
+               for copy in tower.local_variables.values()
+               if getattr(copy, "_original", None) is not None}
+  return [(g, originals.get(id(v), v)) for g, v in grads_and_vars]
 
 
 def _outside_control_dependencies(tower):
