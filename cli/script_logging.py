@@ -6,7 +6,13 @@ TensorFlow's warnings and errors, each once, in absl's format:
 
 - TensorFlow's C++ INFO lines (CPU features, MLIR, rendezvous cancellations,
   profiler sessions) are off: `TF_CPP_MIN_LOG_LEVEL=1`, which must be set
-  before TensorFlow is imported (`before_tensorflow`).
+  before TensorFlow is imported (`before_tensorflow`). From TF 2.17 the
+  lines written before absl's C++ `InitializeLog` (oneDNN, "Could not find
+  cuda drivers", and on a machine without an NVIDIA driver "failed call to
+  cuInit") ignore that variable, so until `configure` runs (TensorFlow's
+  import and its device listing while the flags are parsed) the scripts'
+  stderr goes to a temporary file; `configure`, or the exit, writes back
+  every line but those below the level (`_StartupCapture`).
 - TensorFlow's Python logger keeps WARNING and above and hands its records
   to absl's handler only: TensorFlow installs its own handler when imported
   before absl's, which printed every line twice (`INFO:tensorflow:` and absl
@@ -21,9 +27,12 @@ An explicit `TF_CPP_MIN_LOG_LEVEL` in the environment is always respected.
 
 from __future__ import annotations
 
+import atexit
 import logging as std_logging
 import os
+import re
 import sys
+import tempfile
 import warnings
 from typing import Optional, Sequence
 
@@ -58,6 +67,58 @@ def before_tensorflow(argv: Optional[Sequence[str]] = None) -> None:
   argv = sys.argv if argv is None else argv
   if verbosity_from_argv(argv) < VERBOSE:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    _CAPTURE.start(int(os.environ["TF_CPP_MIN_LOG_LEVEL"] or 0))
+
+
+class _StartupCapture:
+  """Holds fd 2 in a temporary file from TensorFlow's import to `configure`.
+
+  Lines are written back in order, less the C++ log lines below the level
+  (I=0, W=1, E=2 are dropped below 1, 2, 3), the pre-`InitializeLog`
+  banner, and cuInit's failure on a machine without an NVIDIA driver.
+  """
+  _CPP = re.compile(rb"^([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\] ")
+  _BANNER = b"WARNING: All log messages before absl::InitializeLog()"
+  _NO_DRIVER = b"failed call to cuInit"
+
+  def __init__(self):
+    self.saved, self.file, self.level = None, None, 0
+
+  def start(self, level: int) -> None:
+    if self.saved is not None:
+      return
+    sys.stderr.flush()
+    self.level, self.file = level, tempfile.TemporaryFile()
+    self.saved = os.dup(2)
+    os.dup2(self.file.fileno(), 2)
+    atexit.register(self.stop)
+
+  def stop(self) -> None:
+    """Restores fd 2 and writes back what it should show (idempotent)."""
+    if self.saved is None:
+      return
+    sys.stderr.flush()
+    os.dup2(self.saved, 2)
+    os.close(self.saved)
+    self.saved = None
+    self.file.seek(0)
+    for line in self.file:
+      if not self._hidden(line):
+        os.write(2, line)
+    self.file.close()
+
+  def _hidden(self, line: bytes) -> bool:
+    match = self._CPP.match(line)
+    if line.startswith(self._BANNER):
+      return True
+    if match is None:
+      return False
+    rank = "IWEF".index(match.group(1).decode())
+    no_driver = self._NO_DRIVER in line and not os.path.exists("/dev/nvidiactl")
+    return rank < self.level or no_driver
+
+
+_CAPTURE = _StartupCapture()
 
 
 class _DropDeprecations(std_logging.Filter):
@@ -74,8 +135,10 @@ _FILTER = _DropDeprecations()
 def configure(verbosity: int) -> None:
   """Routes TensorFlow's Python logs through absl, once, at `verbosity`.
 
-  Call after absl parsed the flags (at the top of `main`).
+  Call after absl parsed the flags (at the top of `main`): TensorFlow's
+  start-up lines captured since `before_tensorflow` are written back.
   """
+  _CAPTURE.stop()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   logger = tf.get_logger()
   for handler in list(logger.handlers):
