@@ -29,6 +29,7 @@ from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import state_updates
 
 tf1 = tf.compat.v1
 
@@ -185,17 +186,26 @@ def combine_hooks(readouts: Readouts, hooks) -> None:
 def _replace(value, readouts: Readouts, what: str):
   """`value` with combined tensors for tower 0's statistics (one level of
   dict/list/tuple)."""
+  def combined(tensor):
+    new = readouts.combined(tensor, what)
+    return tensor if new is None else new
+  return _map_leaves(value, combined)
+
+
+def _map_leaves(value, fn):
+  """`value` with `fn` applied to its tensors (or tensor names), one level
+  of dict/list/tuple deep; `value` itself when nothing changed."""
   if isinstance(value, dict):
-    new = {k: _replace_leaf(v, readouts, what) for k, v in value.items()}
+    new = {k: _map_leaf(v, fn) for k, v in value.items()}
     return value if all(new[k] is value[k] for k in value) else new
   if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-    new = [_replace_leaf(v, readouts, what) for v in value]
+    new = [_map_leaf(v, fn) for v in value]
     return value if all(a is b for a, b in zip(new, value)) else type(value)(
         new)
-  return _replace_leaf(value, readouts, what)
+  return _map_leaf(value, fn)
 
 
-def _replace_leaf(value, readouts: Readouts, what: str):
+def _map_leaf(value, fn):
   tensor = value
   if isinstance(value, str):
     try:
@@ -203,8 +213,10 @@ def _replace_leaf(value, readouts: Readouts, what: str):
           value if ":" in value else value + ":0")
     except (KeyError, ValueError, TypeError):
       return value
-  combined = readouts.combined(tensor, what)
-  return value if combined is None else combined
+  if not isinstance(tensor, tf.Tensor):
+    return value
+  new = fn(tensor)
+  return value if new is tensor else new
 
 
 def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
@@ -218,6 +230,36 @@ def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
   for hooks in (spec.training_hooks, spec.training_chief_hooks,
                 spec.evaluation_hooks):
     combine_hooks(readouts, hooks)
+    run_peer_collectives(hooks)
+  for summary in towers[0].collections.get(tf1.GraphKeys.SUMMARIES, []):
+    op = getattr(summary, "op", summary)
+    peers = _peers([op])
+    if peers:
+      op._add_control_inputs(peers)  # pylint: disable=protected-access
+
+
+def _peers(ops: list) -> list:
+  """Towers 1..'s collectives matching those `ops` (tower 0's) reach: a
+  summary or a hook's tensor is fetched without the other towers' ops, and a
+  collective waits for every tower of its group (the 600 s timeout)."""
+  return state_updates.peer_collectives(state_updates.ancestors(ops))
+
+
+def run_peer_collectives(hooks) -> None:
+  """Hooks' tensors that reach a cross-tower collective run it in every
+  tower: each becomes an identity that waits for the peers (after them, not
+  before: the peers need tower 0's collective to finish)."""
+  def with_peers(tensor):
+    peers = _peers([tensor])
+    if not peers:
+      return tensor
+    with tf.control_dependencies(peers):
+      return tf.identity(tensor)
+  for hook in hooks or ():
+    for name, value in list(vars(hook).items()):
+      replaced = _map_leaves(value, with_peers)
+      if replaced is not value:
+        setattr(hook, name, replaced)
 
 
 PREDICTION_FIX = (

@@ -60,7 +60,7 @@ def reconcile(towers: list, shard: Iterable) -> list:
   tensors = [t for t in tf.nest.flatten(shard, expand_composites=True)
              if isinstance(t, tf.Tensor)]
   shard = _Shard({t.op for t in tensors}, _static_shapes(tensors))
-  extra = _peer_collectives(reached)
+  extra = peer_collectives(reached)
   skip = update_ops | {_op(_variable_of(tf1.train.get_global_step()))}
   for op in sorted(reached, key=lambda o: o.name):
     if op.type in _WRITES and _variable(op) not in skip and op not in skip:
@@ -138,7 +138,7 @@ def _warn(variable, op) -> None:
       variable.name, op.type)
 
 
-def _peer_collectives(reached: set) -> list:
+def peer_collectives(reached: set) -> list:
   """Towers 1..'s collectives matching those tower 0's train_op runs (by
   instance key): a collective waits for every tower of its group."""
   keys = {_instance_key(op) for op in reached if is_collective(op)} - {None}

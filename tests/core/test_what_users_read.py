@@ -291,3 +291,42 @@ def test_tf_ranking_ndcg_with_per_list_weights(session_config, caplog):
   # batch's average) is found in the graph and warned about.
   assert "'metric/ndcg@3' is not one device's" in caplog.text
   assert "per-list" in caplog.text
+
+
+def cross_tower_readout_model_fn(features, labels, mode):
+  """A summary and a hook read a cross-tower sum that the loss does not use:
+  they are fetched without the other towers' ops, whose matching collective
+  must still run (else it waits for the 600 s timeout)."""
+  w = tf1.get_variable("w", initializer=W0)
+  loss = tf.reduce_mean(tf.square(tf.reduce_sum(features["x"] * w, 1) -
+                                  labels))
+  total = emg.cross_tower_sum(tf.reduce_sum(features["x"]))
+  tf1.summary.scalar("x_total", total)
+  opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
+  return tf.estimator.EstimatorSpec(
+      mode, loss=loss, train_op=opt.minimize(loss, tf1.train.get_global_step()),
+      training_hooks=[FetchHook(total)])
+
+
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_summary_and_hook_of_a_cross_tower_sum_alone_run(num_towers,
+                                                         session_config):
+  bounded = tf1.RunOptions(timeout_in_ms=120000)  # a hang fails, in 2 min.
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    x = tf1.placeholder(tf.float32, [None, 2])
+    y = tf1.placeholder(tf.float32, [None])
+    fn = emg.multi_gpu(cross_tower_readout_model_fn,
+                       devices=harness.cpu_devices(num_towers))
+    spec = harness.call(fn, {"x": x}, y, TRAIN, session_config)
+    hook, = [h for h in spec.training_hooks if isinstance(h, FetchHook)]
+    with tf1.Session(config=session_config) as session:
+      session.run(tf1.global_variables_initializer())
+      feed = {x: X[BATCHES[0]], y: Y[BATCHES[0]]}
+      summary = tf1.Summary.FromString(session.run(
+          tf1.summary.merge_all(), feed, options=bounded))
+      fetched = session.run(hook.tensor, feed, options=bounded)
+  expected = X[BATCHES[0]].sum()  # Σ over the towers = Σ over the batch.
+  np.testing.assert_allclose(summary.value[0].simple_value, expected,
+                             rtol=1e-5)
+  np.testing.assert_allclose(fetched, expected, rtol=1e-5)
