@@ -30,7 +30,11 @@ SYNC_REPLICAS_COLLECTION = "estimator_multigpu_sync_replicas"
 
 
 class TowerOptimizer(tf1.train.Optimizer):
-  """Wraps a `tf.compat.v1.train.Optimizer` for use inside `multi_gpu`.
+  """Wraps an optimizer for use inside `multi_gpu`.
+
+  A `tf.compat.v1.train.Optimizer` gets this class; a Keras 2 legacy one
+  (`tf.keras.optimizers.legacy.*`) gets `keras_optimizer.KerasTowerOptimizer`,
+  which records and applies the same way.
 
   Outside `multi_gpu`, or with one tower, it behaves exactly like the
   optimizer it wraps. With several towers, each tower's `minimize` (or
@@ -40,6 +44,16 @@ class TowerOptimizer(tf1.train.Optimizer):
   order. Any other attribute (e.g. `SyncReplicasOptimizer`'s
   `make_session_run_hook`) is the wrapped optimizer's.
   """
+
+  def __new__(cls, optimizer=None, summarize_gradient_norm: bool = False):
+    """A Keras legacy optimizer gets `keras_optimizer.KerasTowerOptimizer`."""
+    if optimizer is None or isinstance(optimizer, tf1.train.Optimizer):
+      return super().__new__(cls)
+    from estimator_multigpu.update import keras_optimizer  # pylint: disable=g-import-not-at-top
+    if keras_optimizer.is_legacy_keras(optimizer):
+      return keras_optimizer.KerasTowerOptimizer(optimizer,
+                                                 summarize_gradient_norm)
+    raise TypeError(keras_optimizer.not_wrappable_message(optimizer))
 
   def __init__(self, optimizer: tf1.train.Optimizer,
                summarize_gradient_norm: bool = False):
@@ -51,17 +65,16 @@ class TowerOptimizer(tf1.train.Optimizer):
         gradients applied (the combined ones, with several towers).
 
     Raises:
-      TypeError: `optimizer` is not a `tf.compat.v1.train.Optimizer` (a
-        `TowerOptimizer` is unwrapped: wrapping twice is wrapping once).
+      TypeError: `optimizer` is neither a `tf.compat.v1.train.Optimizer`
+        nor a `tf.keras.optimizers.legacy.Optimizer` (a `TowerOptimizer` is
+        unwrapped: wrapping twice is wrapping once).
     """
     if isinstance(optimizer, TowerOptimizer):  # Wrapping twice: once.
       summarize_gradient_norm |= optimizer._summarize_gradient_norm  # pylint: disable=protected-access
       optimizer = optimizer._optimizer  # pylint: disable=protected-access
-    if not isinstance(optimizer, tf1.train.Optimizer):
-      raise TypeError(
-          "`TowerOptimizer` wraps a `tf.compat.v1.train.Optimizer` (e.g. "
-          f"MomentumOptimizer); got {type(optimizer).__name__}. Keras "
-          "optimizers are not supported by Estimator model_fns.")
+    if not isinstance(optimizer, tf1.train.Optimizer):  # None, copy.copy.
+      raise TypeError("`TowerOptimizer` wraps an optimizer; got "
+                      f"{optimizer!r}.")
     super().__init__(use_locking=False, name=f"Tower{optimizer.get_name()}")
     self._optimizer = optimizer
     self._summarize_gradient_norm = summarize_gradient_norm
@@ -92,18 +105,9 @@ class TowerOptimizer(tf1.train.Optimizer):
     if var_list is not None and tower.local_variables:
       var_list = [tower.local_variables.get(getattr(v, "op", v).name, v)
                   for v in tf.nest.flatten(var_list)]
-    loss = precision.scale_loss(loss)  # float32 (× loss scale: float16)
     kwargs["colocate_gradients_with_ops"] = True
-    if tower.index == 0:  # the scope's control inputs, for the train op.
-      tower.deferred_dependencies.append(
-          tf.no_op(name="control_dependencies_of_compute_gradients"))
-    with tf.control_dependencies(None):
-      grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
-                                                         **kwargs)
-    tower.loss_scaled_gradients.update(
-        id(t) for g, _ in grads_and_vars if g is not None
-        for t in (g, getattr(g, "values", g)))
-    return grads_and_vars
+    return tower_gradients(tower, loss, lambda scaled: (
+        self._optimizer.compute_gradients(scaled, var_list, **kwargs)))
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Records the tower's gradients, weighted; outside a tower, applies them.
@@ -114,20 +118,7 @@ class TowerOptimizer(tf1.train.Optimizer):
     tower = towers_lib.current_tower()
     if tower is None:
       return self.apply_combined(grads_and_vars, global_step, name)
-    _check_not_in_a_function()
-    grads_and_vars = list(grads_and_vars)
-    if precision.loss_scaling_active():
-      _check_loss_scaled(tower, grads_and_vars)
-    if tower.num_towers > 1:
-      clipping.warn_if_transformed(
-          grads_and_vars, frozenset(tower.loss_scaled_gradients))
-    with _outside_control_dependencies(tower), tf.name_scope("tower_weight"):
-      weighted = [(_scale(g, tower.loss_weight), v) for g, v in grads_and_vars]
-    recorded = tf.no_op(name="recorded_for_tower_aggregation")
-    tower.optimizer_calls.append(towers_lib.OptimizerCall(
-        self, weighted, global_step, name, tf1.get_variable_scope(),
-        tf1.get_default_graph().get_name_scope(), recorded))
-    return recorded
+    return record(self, tower, grads_and_vars, global_step, name)
 
   @property
   def wrapped(self) -> tf1.train.Optimizer:
@@ -159,6 +150,58 @@ class TowerOptimizer(tf1.train.Optimizer):
 
   def variables(self):
     return self._optimizer.variables()
+
+
+def tower_gradients(tower, loss, compute) -> list:
+  """`compute(loss)` in `tower`: the gradients of its (scaled) loss.
+
+  The loss is the float32, loss-scaled one with mixed precision. The
+  gradients are built without the control dependencies around the call
+  (see `TowerOptimizer.compute_gradients`); tower 0 keeps them for its
+  train op.
+
+  Args:
+    tower: the `towers.Tower` being built.
+    loss: the tower's loss.
+    compute: `loss -> [(gradient, variable)]`, the wrapped optimizer's.
+  """
+  loss = precision.scale_loss(loss)  # float32 (× loss scale: float16)
+  if tower.index == 0:  # the scope's control inputs, for the train op.
+    tower.deferred_dependencies.append(
+        tf.no_op(name="control_dependencies_of_compute_gradients"))
+  with tf.control_dependencies(None):
+    grads_and_vars = list(compute(loss))
+  tower.loss_scaled_gradients.update(
+      id(t) for g, _ in grads_and_vars if g is not None
+      for t in (g, getattr(g, "values", g)))
+  return grads_and_vars
+
+
+def record(optimizer, tower, grads_and_vars, global_step=None,
+           name=None) -> tf.Operation:
+  """Records `tower`'s gradients, weighted by its share; returns a no-op.
+
+  Args:
+    optimizer: the wrapper whose `apply_combined` applies them later.
+    tower: the `towers.Tower` being built.
+    grads_and_vars: the tower's `(gradient, variable)` pairs.
+    global_step: what the combined apply increments (None: nothing).
+    name: the apply's name.
+  """
+  _check_not_in_a_function()
+  grads_and_vars = list(grads_and_vars)
+  if precision.loss_scaling_active():
+    _check_loss_scaled(tower, grads_and_vars)
+  if tower.num_towers > 1:
+    clipping.warn_if_transformed(
+        grads_and_vars, frozenset(tower.loss_scaled_gradients))
+  with _outside_control_dependencies(tower), tf.name_scope("tower_weight"):
+    weighted = [(_scale(g, tower.loss_weight), v) for g, v in grads_and_vars]
+  recorded = tf.no_op(name="recorded_for_tower_aggregation")
+  tower.optimizer_calls.append(towers_lib.OptimizerCall(
+      optimizer, weighted, global_step, name, tf1.get_variable_scope(),
+      tf1.get_default_graph().get_name_scope(), recorded))
+  return recorded
 
 
 def _check_loss_scaled(tower, grads_and_vars: list) -> None:
