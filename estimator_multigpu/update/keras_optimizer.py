@@ -8,7 +8,7 @@ a `KerasTowerOptimizer`: a `tf.keras.optimizers.legacy.Optimizer`, so
 tensorflow-estimator's type checks accept it, that forwards every other
 attribute (hyperparameters, `iterations`, slots, config) to the optimizer it
 wraps. Inside a tower its gradients are taken and recorded exactly like
-`TowerOptimizer`'s (`tower_optimizer.tower_gradients`, `record`); once per
+`TowerOptimizer`'s (`recording.tower_gradients`, `record`); once per
 step the wrapped optimizer's own `apply_gradients` applies the combined
 gradients, so its slots, hyperparameter variables and `iterations` are made
 once, with the single-device names, and `iterations` moves once per step.
@@ -28,7 +28,7 @@ import tensorflow as tf
 from estimator_multigpu import compat
 from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.strategies import base
-from estimator_multigpu.update import tower_optimizer
+from estimator_multigpu.update import recording
 
 tf1 = tf.compat.v1
 Legacy = tf.keras.optimizers.legacy.Optimizer
@@ -91,7 +91,7 @@ class KerasTowerOptimizer(Legacy):
     if tower is None:
       return self.wrapped.get_gradients(loss, params)
     params = tf.nest.flatten(params)
-    pairs = tower_optimizer.tower_gradients(tower, loss, lambda scaled: zip(
+    pairs = recording.tower_gradients(tower, loss, lambda scaled: zip(
         self.wrapped.get_gradients(scaled, params), params))
     return [g for g, _ in pairs]
 
@@ -110,7 +110,7 @@ class KerasTowerOptimizer(Legacy):
       return self.wrapped.minimize(loss, var_list, grad_loss, name, tape)
     loss = loss() if callable(loss) else loss
     var_list = tf.nest.flatten(var_list() if callable(var_list) else var_list)
-    grads_and_vars = tower_optimizer.tower_gradients(
+    grads_and_vars = recording.tower_gradients(
         tower, loss, lambda scaled: self._tower_gradients(
             scaled, var_list, grad_loss))
     return self.apply_gradients(grads_and_vars, name=name)
@@ -129,7 +129,7 @@ class KerasTowerOptimizer(Legacy):
     if tower is None:
       return self.wrapped.apply_gradients(grads_and_vars, name,
                                           experimental_aggregate_gradients)
-    return tower_optimizer.record(self, tower, grads_and_vars, None, name)
+    return recording.record(self, tower, grads_and_vars, None, name)
 
   def apply_combined(self, grads_and_vars, global_step=None, name=None,
                      apply_if: Optional[tf.Tensor] = None):
@@ -177,7 +177,7 @@ def not_wrappable_message(optimizer) -> str:
   kind = type(optimizer)
   root = kind.__module__.split(".")[0]
   name = kind.__name__
-  if root not in ("keras", "tf_keras"):
+  if root not in ("keras", compat.keras_package()):
     return ("`TowerOptimizer` wraps a `tf.compat.v1.train.Optimizer` (e.g. "
             "MomentumOptimizer) or a `tf.keras.optimizers.legacy.Optimizer` "
             f"(e.g. Adagrad); got {kind.__module__}.{name}.")

@@ -13,15 +13,14 @@ plan's strategy and `apply_combined` applies them once per step.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import tensorflow as tf
 
-from estimator_multigpu.graph import precision
 from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.strategies import base
-from estimator_multigpu.update import clipping
+from estimator_multigpu.update import keras_optimizer
+from estimator_multigpu.update import recording
 tf1 = tf.compat.v1
 
 # Names of the SyncReplicasOptimizers that applied gradients in this graph
@@ -49,7 +48,6 @@ class TowerOptimizer(tf1.train.Optimizer):
     """A Keras legacy optimizer gets `keras_optimizer.KerasTowerOptimizer`."""
     if optimizer is None or isinstance(optimizer, tf1.train.Optimizer):
       return super().__new__(cls)
-    from estimator_multigpu.update import keras_optimizer  # pylint: disable=g-import-not-at-top
     if keras_optimizer.is_legacy_keras(optimizer):
       return keras_optimizer.KerasTowerOptimizer(optimizer,
                                                  summarize_gradient_norm)
@@ -106,7 +104,7 @@ class TowerOptimizer(tf1.train.Optimizer):
       var_list = [tower.local_variables.get(getattr(v, "op", v).name, v)
                   for v in tf.nest.flatten(var_list)]
     kwargs["colocate_gradients_with_ops"] = True
-    return tower_gradients(tower, loss, lambda scaled: (
+    return recording.tower_gradients(tower, loss, lambda scaled: (
         self._optimizer.compute_gradients(scaled, var_list, **kwargs)))
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
@@ -118,7 +116,7 @@ class TowerOptimizer(tf1.train.Optimizer):
     tower = towers_lib.current_tower()
     if tower is None:
       return self.apply_combined(grads_and_vars, global_step, name)
-    return record(self, tower, grads_and_vars, global_step, name)
+    return recording.record(self, tower, grads_and_vars, global_step, name)
 
   @property
   def wrapped(self) -> tf1.train.Optimizer:
@@ -151,108 +149,3 @@ class TowerOptimizer(tf1.train.Optimizer):
   def variables(self):
     return self._optimizer.variables()
 
-
-def tower_gradients(tower, loss, compute) -> list:
-  """`compute(loss)` in `tower`: the gradients of its (scaled) loss.
-
-  The loss is the float32, loss-scaled one with mixed precision. The
-  gradients are built without the control dependencies around the call
-  (see `TowerOptimizer.compute_gradients`); tower 0 keeps them for its
-  train op.
-
-  Args:
-    tower: the `towers.Tower` being built.
-    loss: the tower's loss.
-    compute: `loss -> [(gradient, variable)]`, the wrapped optimizer's.
-  """
-  loss = precision.scale_loss(loss)  # float32 (× loss scale: float16)
-  if tower.index == 0:  # the scope's control inputs, for the train op.
-    tower.deferred_dependencies.append(
-        tf.no_op(name="control_dependencies_of_compute_gradients"))
-  with tf.control_dependencies(None):
-    grads_and_vars = list(compute(loss))
-  tower.loss_scaled_gradients.update(
-      id(t) for g, _ in grads_and_vars if g is not None
-      for t in (g, getattr(g, "values", g)))
-  return grads_and_vars
-
-
-def record(optimizer, tower, grads_and_vars, global_step=None,
-           name=None) -> tf.Operation:
-  """Records `tower`'s gradients, weighted by its share; returns a no-op.
-
-  Args:
-    optimizer: the wrapper whose `apply_combined` applies them later.
-    tower: the `towers.Tower` being built.
-    grads_and_vars: the tower's `(gradient, variable)` pairs.
-    global_step: what the combined apply increments (None: nothing).
-    name: the apply's name.
-  """
-  _check_not_in_a_function()
-  grads_and_vars = list(grads_and_vars)
-  if precision.loss_scaling_active():
-    _check_loss_scaled(tower, grads_and_vars)
-  if tower.num_towers > 1:
-    clipping.warn_if_transformed(
-        grads_and_vars, frozenset(tower.loss_scaled_gradients))
-  with _outside_control_dependencies(tower), tf.name_scope("tower_weight"):
-    weighted = [(_scale(g, tower.loss_weight), v) for g, v in grads_and_vars]
-  recorded = tf.no_op(name="recorded_for_tower_aggregation")
-  tower.optimizer_calls.append(towers_lib.OptimizerCall(
-      optimizer, weighted, global_step, name, tf1.get_variable_scope(),
-      tf1.get_default_graph().get_name_scope(), recorded))
-  return recorded
-
-
-def _check_loss_scaled(tower, grads_and_vars: list) -> None:
-  """With float16 loss scaling, the gradients must be of the scaled loss.
-
-  The update divides them by the loss scale, so gradients computed another
-  way (`tf.gradients`, the inner optimizer, or transformed after
-  `compute_gradients`, e.g. clipped) would be silently too small.
-  """
-  foreign = [v.op.name for g, v in grads_and_vars
-             if g is not None and id(g) not in tower.loss_scaled_gradients]
-  if foreign:
-    raise ValueError(
-        "mixed_precision='float16' scales the loss before differentiating "
-        "and unscales the combined gradients, but the gradients passed to "
-        f"`apply_gradients` for {', '.join(foreign[:3])}"
-        f"{' ...' if len(foreign) > 3 else ''} did not come straight from "
-        "`TowerOptimizer.compute_gradients` (tf.gradients, the inner "
-        "optimizer, or clipped afterwards). Use opt.minimize(loss) or pass "
-        "compute_gradients' output unchanged (clip with "
-        "multi_gpu(clip_gradients_by_norm=...)), or use "
-        "mixed_precision='bfloat16', which needs no loss scaling.")
-
-
-def _check_not_in_a_function() -> None:
-  """Recording happens in the tower's graph, not inside a `tf.cond` branch
-  (`MixedPrecisionLossScaleOptimizer` applies inside one)."""
-  if tf1.get_default_graph().building_function:
-    raise ValueError(
-        "`TowerOptimizer.apply_gradients` was called inside a tf.cond or "
-        "tf.function: an optimizer wraps the TowerOptimizer and applies "
-        "conditionally (MixedPrecisionLossScaleOptimizer(TowerOptimizer(opt))"
-        " does). Wrap the other way round, TowerOptimizer("
-        "MixedPrecisionLossScaleOptimizer(opt, loss_scale)), so the loss "
-        "scale decides once for the combined gradients; or use "
-        "multi_gpu(mixed_precision='float16').")
-
-
-def _outside_control_dependencies(tower):
-  """In towers 1.., no control dependencies (their UPDATE_OPS must not run)."""
-  return (tf.control_dependencies(None) if tower.index else
-          contextlib.nullcontext())
-
-
-def _scale(grad, weight):
-  """grad * weight, and 0 where weight is 0 even if grad is NaN or Inf."""
-  if grad is None or (isinstance(weight, float) and weight == 1.0):
-    return grad
-  if isinstance(grad, tf.IndexedSlices):
-    return tf.IndexedSlices(
-        tf.math.multiply_no_nan(grad.values,
-                                tf.cast(weight, grad.values.dtype)),
-        grad.indices, grad.dense_shape)
-  return tf.math.multiply_no_nan(grad, tf.cast(weight, grad.dtype))
