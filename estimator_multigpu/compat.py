@@ -109,6 +109,10 @@ INTERNALS = {
         "{keras}.api._v1.keras.__internal__.legacy.layers",
         ("BatchNormalization", "batch_normalization"),
         "tf-slim batch norm when tf.compat.v1.layers cannot import"),
+    "canned_optimizers": Internal(
+        "tensorflow_estimator.python.estimator.canned.optimizers",
+        ("get_optimizer_instance", "get_optimizer_instance_v2"),
+        "canned estimators' own optimizers on several towers"),
     # Where tf-slim 1.1.0's TensorFlow names live now (slim_compat.MOVED).
     "slim_indexed_slices": Internal(_TF + "framework.indexed_slices",
                                     ("IndexedSlices",), "tf-slim names"),

@@ -33,7 +33,9 @@ from estimator_multigpu.cross_tower import context
 from estimator_multigpu.cross_tower import layers as sync_batch_norm
 from estimator_multigpu.cross_tower import losses
 from estimator_multigpu.update import accumulation
+from estimator_multigpu.update import canned
 from estimator_multigpu.update import chain as chain_lib
+from estimator_multigpu.update import keras_optimizer
 from estimator_multigpu.update import loss_scaling
 from estimator_multigpu.update import tower_optimizer
 from estimator_multigpu.update import triggers
@@ -78,6 +80,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
                     for i in range(plan.num_towers)],
       tower_scopes=[ranges.scope_factory, empty_shards.scope_factory(split)] +
       ([precision.tower_scope] if precision else []) +
+      ([canned.optimizer_scope] if mode == ModeKeys.TRAIN else []) +
       _cross_tower_scopes(plan, split, mode, options))
   shares, analyses = _shares(split, examples), _analyses(split)
   if mode != ModeKeys.PREDICT:
@@ -205,6 +208,7 @@ def _train_spec(towers: list, strategy, options: Options, examples, scaling,
                 config) -> tf.estimator.EstimatorSpec:
   """The TRAIN spec: the update chain's train_op, loss and hooks."""
   _check_tower_optimizer(towers)
+  keras_optimizer.check_strategy(towers, strategy.name)
   chain = chain_lib.UpdateChain(
       strategy, device=strategy.plan.aggregation_device,
       accumulate_steps=options.accumulate_steps,
@@ -225,7 +229,8 @@ def _check_tower_optimizer(towers: list) -> None:
         "The model_fn's train_op does not come from a `TowerOptimizer`; "
         f"with {len(towers)} towers an unwrapped optimizer would apply "
         f"{len(towers)} separate updates per step (and clipping needs it). "
-        "Wrap it: opt = estimator_multigpu.TowerOptimizer(opt). With "
+        "Wrap it: opt = estimator_multigpu.TowerOptimizer(opt) (a "
+        "tf.compat.v1.train or tf.keras.optimizers.legacy optimizer). With "
         "tf_slim.optimize_loss, pass optimizer=lambda lr: "
         "TowerOptimizer(tf.compat.v1.train.GradientDescentOptimizer(lr)) "
         "(or another optimizer) instead of a name such as 'SGD'.")

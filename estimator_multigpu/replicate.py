@@ -44,7 +44,15 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
 
   Rules the `model_fn` must follow:
     1. Wrap every optimizer in `TowerOptimizer` (an unwrapped one is an error
-       with more than one tower). Call it the same way in every tower. Its
+       with more than one tower): a `tf.compat.v1.train` one or a Keras 2
+       legacy one (`tf.keras.optimizers.legacy.*`; non-legacy and Keras 3
+       optimizers are an error naming the legacy class, and Keras ones need
+       variable_update="shared", synchronization="sync"). The one exception:
+       the optimizers a tensorflow-estimator canned estimator builds itself
+       are wrapped for you, so `tf.estimator.Estimator(multi_gpu(devices=...)(
+       canned.model_fn), config=...)` trains `DNNClassifier`,
+       `LinearClassifier`, `DNNLinearCombinedClassifier`, `DNNEstimator` &co.
+       with their own optimizers. Call it the same way in every tower. Its
        `apply_gradients` weights whatever gradients it gets, once: from
        `minimize`, either optimizer's `compute_gradients`, `tf.gradients`,
        or your own code. A custom `tf.compat.v1.train.Optimizer` (BERT's

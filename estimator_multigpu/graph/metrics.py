@@ -51,6 +51,11 @@ _PASS_THROUGH = frozenset({"Cast", "Identity", "Reshape", "Squeeze",
                            "ExpandDims"})
 # A metric's own additions: sums and counts over what it is fed.
 _REDUCTIONS = frozenset({"Sum", "Size"})
+# Sums over examples grouped by a per-example index (Keras AUC's buckets).
+_SEGMENT_SUMS = frozenset({"UnsortedSegmentSum", "SegmentSum"})
+# Ops whose output is a sum over examples when every input (x for Cumsum)
+# is one: tower i adds its shard's part, the towers add up to the batch's.
+_LINEAR = frozenset({"Cumsum", "Neg", "Add", "AddV2", "Sub", "AddN"})
 
 
 _KINDS = {dataflow.ROWS: "rows", dataflow.STATISTIC: "batch",
@@ -79,7 +84,8 @@ class MetricUpdate:
   def kinds(self, analysis: dataflow.ShardAnalysis) -> set:
     """{"rows"} (sums over examples), {"batch"}, both, or {None} (nothing
     from the shard: a constant count, which either weighting keeps)."""
-    kinds = {_KINDS[analysis.status(_summed(delta))] for delta in self.deltas}
+    kinds = {"rows" if _sums_examples(delta, analysis) else
+             _KINDS[analysis.status(_summed(delta))] for delta in self.deltas}
     return kinds - {None} or {None}
 
   def scale(self, share) -> bool:
@@ -112,6 +118,23 @@ def _summed(delta: tf.Tensor) -> tf.Tensor:
   while tensor.op.type in _PASS_THROUGH:
     tensor = tensor.op.inputs[0]
   return tensor.op.inputs[0] if tensor.op.type in _REDUCTIONS else tensor
+
+
+def _sums_examples(tensor: tf.Tensor, analysis) -> bool:
+  """A sum over the shard's examples, or a linear combination of such sums
+  (Keras AUC adds cumulative sums of per-bucket counts, and totals minus
+  them): each tower adds its shard's part, as one device adds the batch's."""
+  while tensor.op.type in _PASS_THROUGH:
+    tensor = tensor.op.inputs[0]
+  op = tensor.op
+  if op.type in _SEGMENT_SUMS:
+    return analysis.is_rows(op.inputs[0])
+  if op.type == "Cumsum":
+    return _sums_examples(op.inputs[0], analysis)
+  if op.type in _LINEAR:
+    return all(_sums_examples(t, analysis) for t in op.inputs)
+  return (op.type in _REDUCTIONS and not analysis.is_rows(tensor) and
+          analysis.is_rows(op.inputs[0]))
 
 
 def merge_eval_metric_ops(towers: list, shares: Optional[list] = None,

@@ -13,16 +13,14 @@ plan's strategy and `apply_combined` applies them once per step.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import tensorflow as tf
 
-from estimator_multigpu.graph import precision
 from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.strategies import base
-from estimator_multigpu.update import clipping
-from estimator_multigpu.update import triggers
+from estimator_multigpu.update import keras_optimizer
+from estimator_multigpu.update import recording
 tf1 = tf.compat.v1
 
 # Names of the SyncReplicasOptimizers that applied gradients in this graph
@@ -31,7 +29,11 @@ SYNC_REPLICAS_COLLECTION = "estimator_multigpu_sync_replicas"
 
 
 class TowerOptimizer(tf1.train.Optimizer):
-  """Wraps a `tf.compat.v1.train.Optimizer` for use inside `multi_gpu`.
+  """Wraps an optimizer for use inside `multi_gpu`.
+
+  A `tf.compat.v1.train.Optimizer` gets this class; a Keras 2 legacy one
+  (`tf.keras.optimizers.legacy.*`) gets `keras_optimizer.KerasTowerOptimizer`,
+  which records and applies the same way.
 
   Outside `multi_gpu`, or with one tower, it behaves exactly like the
   optimizer it wraps. With several towers, each tower's `minimize` (or
@@ -41,6 +43,15 @@ class TowerOptimizer(tf1.train.Optimizer):
   order. Any other attribute (e.g. `SyncReplicasOptimizer`'s
   `make_session_run_hook`) is the wrapped optimizer's.
   """
+
+  def __new__(cls, optimizer=None, summarize_gradient_norm: bool = False):
+    """A Keras legacy optimizer gets `keras_optimizer.KerasTowerOptimizer`."""
+    if optimizer is None or isinstance(optimizer, tf1.train.Optimizer):
+      return super().__new__(cls)
+    if keras_optimizer.is_legacy_keras(optimizer):
+      return keras_optimizer.KerasTowerOptimizer(optimizer,
+                                                 summarize_gradient_norm)
+    raise TypeError(keras_optimizer.not_wrappable_message(optimizer))
 
   def __init__(self, optimizer: tf1.train.Optimizer,
                summarize_gradient_norm: bool = False):
@@ -52,17 +63,16 @@ class TowerOptimizer(tf1.train.Optimizer):
         gradients applied (the combined ones, with several towers).
 
     Raises:
-      TypeError: `optimizer` is not a `tf.compat.v1.train.Optimizer` (a
-        `TowerOptimizer` is unwrapped: wrapping twice is wrapping once).
+      TypeError: `optimizer` is neither a `tf.compat.v1.train.Optimizer`
+        nor a `tf.keras.optimizers.legacy.Optimizer` (a `TowerOptimizer` is
+        unwrapped: wrapping twice is wrapping once).
     """
     if isinstance(optimizer, TowerOptimizer):  # Wrapping twice: once.
       summarize_gradient_norm |= optimizer._summarize_gradient_norm  # pylint: disable=protected-access
       optimizer = optimizer._optimizer  # pylint: disable=protected-access
-    if not isinstance(optimizer, tf1.train.Optimizer):
-      raise TypeError(
-          "`TowerOptimizer` wraps a `tf.compat.v1.train.Optimizer` (e.g. "
-          f"MomentumOptimizer); got {type(optimizer).__name__}. Keras "
-          "optimizers are not supported by Estimator model_fns.")
+    if not isinstance(optimizer, tf1.train.Optimizer):  # None, copy.copy.
+      raise TypeError("`TowerOptimizer` wraps an optimizer; got "
+                      f"{optimizer!r}.")
     super().__init__(use_locking=False, name=f"Tower{optimizer.get_name()}")
     self._optimizer = optimizer
     self._summarize_gradient_norm = summarize_gradient_norm
@@ -91,24 +101,9 @@ class TowerOptimizer(tf1.train.Optimizer):
     if tower is None:
       return self._optimizer.compute_gradients(loss, var_list, **kwargs)
     var_list = _tower_var_list(tower, var_list)
-    branch = triggers.current_branch()
-    if branch is not None:  # differentiated outside the tf.cond.
-      loss = triggers.outer_tensor(branch, loss)
-    elif tower.index == 0:  # the scope's control inputs, for the train op.
-      tower.deferred_dependencies.append(
-          tf.no_op(name="control_dependencies_of_compute_gradients"))
     kwargs["colocate_gradients_with_ops"] = True
-    with triggers.outside(branch), tf.control_dependencies(None):
-      loss = precision.scale_loss(loss)  # float32 (× loss scale: float16)
-      grads_and_vars = self._optimizer.compute_gradients(loss, var_list,
-                                                         **kwargs)
-    grads_and_vars = _as_tower0_variables(tower, grads_and_vars)
-    ids = {id(t) for g, _ in grads_and_vars if g is not None
-           for t in (g, getattr(g, "values", g))}
-    tower.loss_scaled_gradients.update(ids)
-    if branch is not None:
-      tower.branch_gradients.update(ids)
-    return grads_and_vars
+    return recording.tower_gradients(tower, loss, lambda scaled: (
+        self._optimizer.compute_gradients(scaled, var_list, **kwargs)))
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Records the tower's gradients, weighted; outside a tower, applies them.
@@ -119,26 +114,7 @@ class TowerOptimizer(tf1.train.Optimizer):
     tower = towers_lib.current_tower()
     if tower is None:
       return self.apply_combined(grads_and_vars, global_step, name)
-    grads_and_vars = list(grads_and_vars)
-    branch = triggers.current_branch()
-    if branch is not None:
-      triggers.check_computed_outside(grads_and_vars, tower.branch_gradients)
-    if precision.loss_scaling_active():
-      _check_loss_scaled(tower, grads_and_vars)
-    if tower.num_towers > 1:
-      computed = frozenset(tower.loss_scaled_gradients)
-      clipping.warn_if_transformed(grads_and_vars, computed)
-      clipping.warn_if_noisy(grads_and_vars, computed)
-    shape = clipping.signature(grads_and_vars,
-                               frozenset(tower.loss_scaled_gradients))
-    with _outside_control_dependencies(tower), triggers.outside(branch), \
-        tf.name_scope("tower_weight"):
-      weighted = [(_scale(g, tower.loss_weight), v) for g, v in grads_and_vars]
-    recorded = tf.no_op(name="recorded_for_tower_aggregation")
-    tower.optimizer_calls.append(towers_lib.OptimizerCall(
-        self, weighted, global_step, name, tf1.get_variable_scope(),
-        tf1.get_default_graph().get_name_scope(), recorded, branch, shape))
-    return recorded
+    return recording.record(self, tower, grads_and_vars, global_step, name)
 
   @property
   def wrapped(self) -> tf1.train.Optimizer:
@@ -172,27 +148,6 @@ class TowerOptimizer(tf1.train.Optimizer):
     return self._optimizer.variables()
 
 
-def _check_loss_scaled(tower, grads_and_vars: list) -> None:
-  """With float16 loss scaling, the gradients must be of the scaled loss.
-
-  The update divides them by the loss scale, so gradients computed another
-  way (`tf.gradients`, the inner optimizer, or transformed after
-  `compute_gradients`, e.g. clipped) would be silently too small.
-  """
-  foreign = [v.op.name for g, v in grads_and_vars
-             if g is not None and id(g) not in tower.loss_scaled_gradients]
-  if foreign:
-    raise ValueError(
-        "mixed_precision='float16' scales the loss before differentiating "
-        "and unscales the combined gradients, but the gradients passed to "
-        f"`apply_gradients` for {', '.join(foreign[:3])}"
-        f"{' ...' if len(foreign) > 3 else ''} did not come straight from "
-        "`TowerOptimizer.compute_gradients` (tf.gradients, the inner "
-        "optimizer, or clipped afterwards). Use opt.minimize(loss) or pass "
-        "compute_gradients' output unchanged (clip with "
-        "multi_gpu(clip_gradients_by_norm=...)), or use "
-        "mixed_precision='bfloat16', which needs no loss scaling.")
-
 
 def _tower_var_list(tower, var_list):
   """Replicated variables: tower 0's `var_list` of this call (by call order),
@@ -210,31 +165,3 @@ def _tower_var_list(tower, var_list):
     return None
   return [tower.local_variables.get(getattr(v, "op", v).name, v)
           for v in tf.nest.flatten(tower0_list)]
-
-
-def _as_tower0_variables(tower, grads_and_vars: list) -> list:
-  """Tower i's copies -> tower 0's variables, in the pairs returned."""
-  if tower.index == 0 or not tower.local_variables:
-    return grads_and_vars
-  originals = {id(copy): copy._original  # pylint: disable=protected-access
-               for copy in tower.local_variables.values()
-               if getattr(copy, "_original", None) is not None}
-  return [(g, originals.get(id(v), v)) for g, v in grads_and_vars]
-
-
-def _outside_control_dependencies(tower):
-  """In towers 1.., no control dependencies (their UPDATE_OPS must not run)."""
-  return (tf.control_dependencies(None) if tower.index else
-          contextlib.nullcontext())
-
-
-def _scale(grad, weight):
-  """grad * weight, and 0 where weight is 0 even if grad is NaN or Inf."""
-  if grad is None or (isinstance(weight, float) and weight == 1.0):
-    return grad
-  if isinstance(grad, tf.IndexedSlices):
-    return tf.IndexedSlices(
-        tf.math.multiply_no_nan(grad.values,
-                                tf.cast(weight, grad.values.dtype)),
-        grad.indices, grad.dense_shape)
-  return tf.math.multiply_no_nan(grad, tf.cast(weight, grad.dtype))

@@ -138,8 +138,9 @@ def test_model_fn_without_loss_in_train(session_config):
     build(no_loss, session_config)
 
 
-def test_tensorflow_optimizer_is_required():
-  with pytest.raises(TypeError, match="wraps a `tf.compat.v1.train.Optimizer`"):
+def test_graph_mode_optimizer_is_required():
+  with pytest.raises(TypeError, match="non-legacy Keras optimizer.*Use "
+                     r"tf\.keras\.optimizers\.legacy\.SGD\(\.\.\.\)"):
     emg.TowerOptimizer(tf.keras.optimizers.SGD())
 
 
