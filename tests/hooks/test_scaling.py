@@ -121,7 +121,10 @@ def test_fast_input_warns_only_where_its_measured_wait_says_so(run_config,
   is above the threshold (the share itself depends on the machine's load,
   so it is not bounded here; see the synthetic reports below)."""
   with caplog.at_level(logging.INFO, logger="absl"):
-    hook = train(run_config, 0.0, every_n_steps=5, max_steps=11)
+    # The global step a run reads may be the one before or after its own
+    # increment, so windows of 5 end between steps 5-7 and 10-13: 14 steps
+    # hold exactly two whichever way each read goes (11 held one or two).
+    hook = train(run_config, 0.0, every_n_steps=5, max_steps=14)
   assert len(hook.reports) == 2
   input_bound = [r for r in hook.reports if r.input_wait is not None and
                  r.input_wait.share > scaling.INPUT_BOUND_SHARE]
