@@ -121,7 +121,7 @@ class GraphKeys:
 
   def __init__(self):
     self.group_keys: dict = {}
-    self.forward_keys: list = []
+    self.forward_keys: dict = {}  # group devices -> keys by call position.
     self.calls: collections.Counter = collections.Counter()
     self.backward_keys: dict = {}
     self.participants: collections.Counter = collections.Counter()
@@ -136,9 +136,10 @@ class GraphKeys:
   def forward_key(self, group: Group, tower_index: int) -> int:
     """The key of this tower's next forward call (shared across towers)."""
     position = self._count((group.devices, tower_index))
-    while len(self.forward_keys) <= position:
-      self.forward_keys.append(next(_KEYS))
-    return self._use(self.forward_keys[position], group)
+    keys = self.forward_keys.setdefault(group.devices, [])
+    while len(keys) <= position:
+      keys.append(next(_KEYS))
+    return self._use(keys[position], group)
 
   def backward_key(self, forward_key: int, tower_index: int,
                    group: Group) -> int:
