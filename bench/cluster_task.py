@@ -136,8 +136,14 @@ def run_allreduce_system(args, spec: specs.ModelSpec) -> None:
 
 def run_mwms_system(args, spec: specs.ModelSpec) -> None:
   """A chief or worker of MultiWorkerMirroredStrategy + Estimator."""
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  config = run_config(args, None).replace(train_distribute=strategy)
+  # Graph mode throughout (as Estimator): an eager strategy would start its
+  # own server, or place its copies on devices the eager context lacks.
+  tf1.disable_eager_execution()
+  strategy = tf1.distribute.experimental.MultiWorkerMirroredStrategy()
+  config = tf.estimator.RunConfig(  # as `run_config`, with the strategy.
+      model_dir=args.model_dir, save_checkpoints_steps=None,
+      save_checkpoints_secs=None, save_summary_steps=0,
+      log_step_count_steps=None, train_distribute=strategy)
 
   def model_fn(features, labels, mode):
     loss = models.logits_and_loss(spec, features, labels)

@@ -156,13 +156,16 @@ def _make_plan(options: Options, config, cluster) -> plan_lib.Plan:
 
 
 def _global_examples(split, cluster, plan):
-  """The global batch's examples: this graph's, or Σ over the tasks."""
+  """The global batch's examples: this graph's, or Σ over the tasks (every
+  step only when some task's batch size is not static)."""
   if cluster is None:
     return split.global_batch_size
   with tf.device(plan.aggregation_device), tf.name_scope("global_batch"):
-    return all_reduce_job.sum_over_tasks(
+    total = all_reduce_job.sum_over_tasks(
         tf.cast(split.global_batch_size, tf.float32), cluster,
         plan.devices[0])
+    # A static batch is the same every step: summed once per session.
+    return all_reduce_job.once_per_session(total) if split.static else total
 
 
 def _across_tasks(spec, cluster, plan):

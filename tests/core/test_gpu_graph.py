@@ -8,7 +8,6 @@ all-reduce (`communication_hint="nccl"`) launched in the same order on every
 GPU; the host only on request. `tests/gpu/` runs it on real GPUs.
 """
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -133,4 +132,3 @@ def test_cpu_towers_keep_shared_variables(session_config):
     fn(tf.constant(X), tf.constant(Y), "train", {},
        harness.config_for(session_config))
   assert not collectives_by_device(graph)
-  assert np.isfinite(len(graph.get_operations()))
