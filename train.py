@@ -101,7 +101,7 @@ def build_model_fn(towers: run_setup.Towers, ema_decay, clip_norm,
                    log_every_n_steps: int, model_dir: Optional[str],
                    trainers: int = 1, sync_replicas: bool = False,
                    scaling_report: bool = True,
-                   variable_update: str = "shared",
+                   variable_update: str = "auto",
                    sync_batch_norm: bool = False, accumulate_steps: int = 1,
                    mixed_precision: Optional[str] = None):
   """The classifier model_fn on the towers, with progress (and scaling) hooks.

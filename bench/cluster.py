@@ -53,7 +53,10 @@ flags.DEFINE_string("report", None, "Re-render the table of a saved JSON "
 flags.DEFINE_string("output", None, "JSON path (default: "
                     "bench_cluster.json in the temp dir).")
 
-SYSTEMS = ("ps", "allreduce")
+flags.DEFINE_list("systems", ["ps", "allreduce", "mwms"], "ps: 1 ps + "
+                  "synchronous workers; allreduce: ours (chief + workers); "
+                  "mwms: MultiWorkerMirroredStrategy + Estimator (one "
+                  "replica per task, run at 1 tower per task only).")
 
 
 def settings() -> dict:
@@ -67,6 +70,7 @@ def settings() -> dict:
           "steps": pick(FLAGS.steps, 100, 60),
           "warmup": pick(FLAGS.warmup, 20, 10),
           "rounds": pick(FLAGS.rounds, 3, 2), "cpu_count": os.cpu_count(),
+          "systems": FLAGS.systems,
           "load_average_before": os.getloadavg()[0]}
 
 
@@ -169,10 +173,13 @@ def run_all(config: dict, log_root: str) -> list:
   """Every job, round after round, ps and all-reduce in alternating order."""
   runs = []
   for round_index in range(config["rounds"]):
-    order = SYSTEMS if round_index % 2 == 0 else SYSTEMS[::-1]
+    systems = config["systems"]
+    order = systems if round_index % 2 == 0 else systems[::-1]
     for model in config["models"]:
       for tasks, towers in config["configs"]:
         for system in order:
+          if system == "mwms" and towers != 1:
+            continue
           runs.append(run_job(system, model, tasks, towers, config, log_root))
           print(cluster_report.run_line(runs[-1]), flush=True)
   return runs

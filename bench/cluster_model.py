@@ -62,15 +62,16 @@ def wire_bytes_per_step(system: str, model_bytes: float, tasks: int,
   """Bytes all tasks send to each other per step (each byte counted once).
 
   Args:
-    system: "ps" (1 ps task, `tasks` workers) or "allreduce" (`tasks`
-      training tasks, a flat ring of tasks·towers devices).
+    system: "ps" (1 ps task, `tasks` workers), "allreduce" (`tasks`
+      training tasks, hierarchical: a ring of one device per task) or
+      "mwms" (one replica per task, a ring of tasks).
     model_bytes: P, the trainable variables' bytes.
     tasks: training tasks (workers, the chief included).
     towers: devices per task.
   """
   if system == "ps":
     return tasks * ps_bytes_per_worker(model_bytes, towers)
-  return tasks * ring_bytes_per_member(model_bytes, tasks * towers)
+  return tasks * ring_bytes_per_member(model_bytes, tasks)
 
 
 def examples_per_sec(times: list, steps: list, global_batch: int,

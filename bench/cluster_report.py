@@ -64,49 +64,65 @@ def _system_stats(runs: list) -> dict:
           "model_mb": ok[0]["model_bytes"] / 1e6}
 
 
+def _systems(runs: list) -> list:
+  return list(dict.fromkeys(r["system"] for r in runs))
+
+
 def table_rows(runs: list) -> list:
-  """One row per (model, tasks, towers): both systems and their ratio."""
+  """One row per (model, tasks, towers): every system, and the ratio of
+  ours ("allreduce") to each other one."""
   rows = []
+  systems = _systems(runs)
   for key in dict.fromkeys(_key(r) for r in runs):
-    row = {"model": key[0], "tasks": key[1], "towers": key[2]}
-    for system in ("ps", "allreduce"):
+    row = {"model": key[0], "tasks": key[1], "towers": key[2], "ratios": {}}
+    for system in systems:
       row[system] = _system_stats([r for r in runs if _key(r) == key and
                                    r["system"] == system])
-    if row["ps"]["runs"] and row["allreduce"]["runs"]:
-      row["ratio"] = row["allreduce"]["median"] / row["ps"]["median"]
+    for system in systems:
+      if system != "allreduce" and row[system]["runs"] and row.get(
+          "allreduce", {}).get("runs"):
+        row["ratios"][system] = (row["allreduce"]["median"] /
+                                 row[system]["median"])
     rows.append(row)
   return rows
 
 
 def _cell(stats: dict) -> str:
-  if not stats["runs"]:
-    return "failed"
+  if not stats.get("runs"):
+    return "–"
   return f"{stats['median']:.0f} [{stats['min']:.0f}–{stats['max']:.0f}]"
 
 
 def _bytes(stats: dict) -> str:
-  if not stats["runs"]:
+  if not stats.get("runs"):
     return "–"
   return f"{stats['derived_mb']:.1f} / {stats['loopback_mb']:.1f}"
 
 
 def markdown(config: dict, rows: list) -> str:
   """The results table, with the run's settings in its heading."""
+  systems = [s for s in config.get("systems", ["ps", "allreduce"])
+             if any(s in row for row in rows)]
+  peers = [s for s in systems if s != "allreduce"]
   lines = [
-      f"\n## ps sync vs all-reduce on loopback ({config['cpu_count']} cores; "
+      f"\n## {', '.join(systems)} on loopback ({config['cpu_count']} cores; "
       f"{config['rounds']} runs per system, alternating; {config['steps']} "
       f"steps, the first {config['warmup']} left out; load average before "
       f"{config['load_average_before']:.1f})\n",
-      "| model | tasks × towers | P (MB) | ps ex/s median [min–max] | "
-      "all-reduce ex/s median [min–max] | all-reduce / ps | ps MB/step "
-      "derived / lo | all-reduce MB/step derived / lo |",
-      "|---|---|---|---|---|---|---|---|"]
+      "| model | tasks × towers | P (MB) | " + " | ".join(
+          f"{s} ex/s median [min–max]" for s in systems) + " | " + " | ".join(
+              f"allreduce / {s}" for s in peers) + " | " + " | ".join(
+                  f"{s} MB/step derived / lo" for s in systems) + " |",
+      "|---|---|---|" + "---|" * (2 * len(systems) + len(peers))]
   for row in rows:
-    model_mb = next((row[s]["model_mb"] for s in ("ps", "allreduce")
-                     if row[s]["runs"]), float("nan"))
-    ratio = f"{row['ratio']:.2f}×" if "ratio" in row else "–"
+    model_mb = next((row[s]["model_mb"] for s in systems
+                     if row.get(s, {}).get("runs")), float("nan"))
+    ratios = [f"{row['ratios'][s]:.2f}×" if s in row["ratios"] else "–"
+              for s in peers]
     lines.append(
         f"| {row['model']} | {row['tasks']} × {row['towers']} | "
-        f"{model_mb:.2f} | {_cell(row['ps'])} | {_cell(row['allreduce'])} | "
-        f"{ratio} | {_bytes(row['ps'])} | {_bytes(row['allreduce'])} |")
+        f"{model_mb:.2f} | " + " | ".join(_cell(row.get(s, {}))
+                                         for s in systems) + " | " +
+        " | ".join(ratios) + " | " +
+        " | ".join(_bytes(row.get(s, {})) for s in systems) + " |")
   return "\n".join(lines)

@@ -7,6 +7,10 @@ SyncReplicasOptimizer under `job_control.run_trainer`, like
 `tests/cluster/linear_cluster.py`. `--system=allreduce`: TF_CONFIG (chief +
 workers), `multi_gpu(variable_update="replicated")` through
 `emg.train_and_evaluate`, like `tests/cluster/all_reduce_task.py`.
+`--system=mwms`: the peer, TensorFlow's `MultiWorkerMirroredStrategy` with
+Estimator (`RunConfig(train_distribute=...)`, `tf.estimator.
+train_and_evaluate`) on the unwrapped model_fn, one replica per task (the
+`input_fn` batch is per task there, as ours).
 
 Every trainer trains `--model` on its own synthetic batch (the model's
 `bench.specs` batch, split over `--towers` virtual CPUs) and writes
@@ -56,7 +60,7 @@ class StepRecorder(tf1.train.SessionRunHook):
     self._step = tf1.train.get_global_step()
     self._record["model_bytes"] = sum(
         v.shape.num_elements() * v.dtype.base_dtype.size
-        for v in tf1.trainable_variables() if not v.op.name.startswith(
+        for v in tf1.trainable_variables() if not v.name.startswith(
             "tower_"))
 
   def before_run(self, run_context):
@@ -120,8 +124,7 @@ def run_ps_system(args, spec: specs.ModelSpec) -> None:
 
 def run_allreduce_system(args, spec: specs.ModelSpec) -> None:
   """A chief or worker of an all-reduce job (TF_CONFIG)."""
-  model_fn = emg.multi_gpu(make_model_fn(spec, 0), devices=towers(args),
-                           variable_update="replicated")
+  model_fn = emg.multi_gpu(make_model_fn(spec, 0), devices=towers(args))
   estimator = tf.estimator.Estimator(model_fn, config=run_config(
       args, emg.make_session_config(num_cpus=args.towers)))
   input_fn = models.make_input_fn(spec, spec.global_batch_size)
@@ -131,13 +134,42 @@ def run_allreduce_system(args, spec: specs.ModelSpec) -> None:
       tf.estimator.EvalSpec(input_fn, steps=1), peer_timeout_secs=60)
 
 
+def run_mwms_system(args, spec: specs.ModelSpec) -> None:
+  """A chief or worker of MultiWorkerMirroredStrategy + Estimator."""
+  # Graph mode throughout (as Estimator): an eager strategy would start its
+  # own server, or place its copies on devices the eager context lacks.
+  tf1.disable_eager_execution()
+  strategy = tf1.distribute.experimental.MultiWorkerMirroredStrategy()
+  config = tf.estimator.RunConfig(  # as `run_config`, with the strategy.
+      model_dir=args.model_dir, save_checkpoints_steps=None,
+      save_checkpoints_secs=None, save_summary_steps=0,
+      log_step_count_steps=None, train_distribute=strategy)
+
+  def model_fn(features, labels, mode):
+    loss = models.logits_and_loss(spec, features, labels)
+    train_op = models.make_optimizer().minimize(
+        loss, tf1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  input_fn = models.make_input_fn(spec, spec.global_batch_size)
+  tf.estimator.train_and_evaluate(
+      tf.estimator.Estimator(model_fn, config=config),
+      tf.estimator.TrainSpec(input_fn, max_steps=args.steps,
+                             hooks=[StepRecorder(args.out)]),
+      tf.estimator.EvalSpec(input_fn, steps=1))
+
+
+SYSTEMS = {"ps": run_ps_system, "allreduce": run_allreduce_system,
+           "mwms": run_mwms_system}
+
+
 def towers(args) -> list:
   return [f"/cpu:{i}" for i in range(args.towers)]
 
 
 def parse(argv):
   parser = argparse.ArgumentParser()
-  parser.add_argument("--system", choices=("ps", "allreduce"), required=True)
+  parser.add_argument("--system", choices=sorted(SYSTEMS), required=True)
   parser.add_argument("--model", default="mlp", choices=sorted(specs.MODELS))
   parser.add_argument("--towers", type=int, default=1)
   parser.add_argument("--steps", type=int, default=40)
@@ -155,8 +187,7 @@ def main(argv) -> None:
   try:
     args = parse(argv)
     tf.get_logger().setLevel("ERROR")
-    run = run_ps_system if args.system == "ps" else run_allreduce_system
-    run(args, specs.get_model(args.model))
+    SYSTEMS[args.system](args, specs.get_model(args.model))
   except Exception:  # pylint: disable=broad-except
     traceback.print_exc()
     status = 1

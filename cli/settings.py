@@ -60,7 +60,7 @@ class MultiGpuSettings:
   `ema_decay`)."""
   moving_average_decay: Optional[float] = None
   clip_gradients_by_norm: Optional[float] = None
-  variable_update: str = "shared"
+  variable_update: str = "auto"
   sync_batch_norm: bool = False
   accumulate_steps: int = 1
   mixed_precision: Optional[str] = None

@@ -30,20 +30,26 @@ class Options:
   ema_decay: Optional[float]
   clip_gradients_by_norm: Optional[float]
   use_ema_weights: bool
-  variable_update: str = "shared"
+  variable_update: str = strategies.AUTO
   unsplit_features: tuple = ()
-  all_reduce: str = "collective"
-  gradient_packing_bytes: int = 0
+  all_reduce: Optional[str] = None  # None: `plan.all_reduce_for`.
+  gradient_packing_bytes: int = allreduce.DEFAULT_PACKING_BYTES
   accumulate_steps: int = 1
   mixed_precision: Optional[str] = None
   sync_batch_norm: bool = False
   synchronization: str = "sync"
+  packing_given: bool = False  # `gradient_packing_bytes` was given.
 
   @property
   def needs_towers(self) -> bool:
     """Whether one tower must still go through the tower pipeline."""
     return (self.clip_gradients_by_norm is not None or
             self.accumulate_steps > 1 or self.mixed_precision is not None)
+
+  @property
+  def asks_for_all_reduce(self) -> bool:
+    """Whether an all-reduce option was given (then "auto" replicates)."""
+    return self.all_reduce is not None or self.packing_given
 
 
 _WARNED: set = set()
@@ -86,11 +92,16 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
         f"`loss_reduction` is {loss_reduction!r}; expected one of "
         f"{', '.join(map(repr, LOSS_REDUCTIONS))}: 'mean' when the model_fn's "
         "loss is a mean over its examples, 'sum' when it is a sum.")
-  if variable_update not in strategies.STRATEGIES:
+  if variable_update not in strategies.VARIABLE_UPDATES:
     raise ValueError(
         f"`variable_update` is {variable_update!r}; expected one of "
-        f"{', '.join(map(repr, strategies.STRATEGIES))}.")
-  _check_all_reduce(variable_update, all_reduce, gradient_packing_bytes)
+        f"{', '.join(map(repr, strategies.VARIABLE_UPDATES))} ('auto': "
+        "all-reduce between GPU towers and tasks, shared variables on CPUs).")
+  synchronization = _check_synchronization(
+      synchronization, variable_update, accumulate_steps, sync_batch_norm,
+      mixed_precision)
+  _check_all_reduce(variable_update, synchronization, all_reduce,
+                    gradient_packing_bytes)
   if not isinstance(sync_batch_norm, bool):
     raise TypeError(
         f"`sync_batch_norm` must be True or False; got {sync_batch_norm!r} "
@@ -107,36 +118,31 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
       clip_gradients_by_norm=clip_gradients_by_norm,
       use_ema_weights=bool(use_ema_weights), variable_update=variable_update,
       unsplit_features=_feature_keys(unsplit_features),
-      all_reduce=all_reduce or "collective",
-      gradient_packing_bytes=int(gradient_packing_bytes or 0),
+      all_reduce=all_reduce,
+      gradient_packing_bytes=(allreduce.DEFAULT_PACKING_BYTES
+                              if gradient_packing_bytes is None else
+                              gradient_packing_bytes),
+      packing_given=gradient_packing_bytes is not None,
       accumulate_steps=accumulation.check_steps(accumulate_steps),
       mixed_precision=precision.check_mixed_precision(
           mixed_precision),
       sync_batch_norm=sync_batch_norm,
-      synchronization=_check_synchronization(
-          synchronization, variable_update, accumulate_steps,
-          sync_batch_norm, mixed_precision))
-
-
-SYNCHRONIZATIONS = ("sync", "async")
+      synchronization=synchronization)
 
 
 def _check_synchronization(synchronization, variable_update,
                            accumulate_steps, sync_batch_norm,
                            mixed_precision) -> str:
-  """"async" needs one shared copy and towers that do not wait for each
-  other."""
-  if synchronization not in SYNCHRONIZATIONS:
+  """A strategy (`strategies.choose`) that does both options; one that
+  does not wait for the other towers refuses what needs them in step."""
+  if synchronization not in strategies.SYNCHRONIZATIONS:
     raise ValueError(
         f"`synchronization` is {synchronization!r}; expected 'sync' (the "
         "towers' gradients are combined into one update) or 'async' (every "
         "tower applies its own gradient).")
-  if synchronization == "sync":
+  if strategies.choose(variable_update, synchronization).waits_for_towers:
     return synchronization
-  clashes = [(variable_update == "replicated",
-              "variable_update='replicated' (copies kept equal by one "
-              "all-reduced update)"),
-             (accumulate_steps != 1, f"accumulate_steps={accumulate_steps} "
+  clashes = [(accumulate_steps != 1, f"accumulate_steps={accumulate_steps} "
               "(one update from several batches)"),
              (sync_batch_norm, "sync_batch_norm=True (towers that wait for "
               "each other's moments)"),
@@ -145,9 +151,10 @@ def _check_synchronization(synchronization, variable_update,
   for clash, what in clashes:
     if clash:
       raise ValueError(
-          f"synchronization='async' was given with {what}; with 'async' "
-          "every tower applies its own gradient to the shared variables, "
-          "without waiting for the others. Drop one of the two.")
+          f"synchronization={synchronization!r} was given with {what}; with "
+          f"{synchronization!r} every tower applies its own gradient to the "
+          "shared variables, without waiting for the others. Drop one of the "
+          "two.")
   return synchronization
 
 
@@ -162,22 +169,27 @@ def _feature_keys(keys) -> tuple:
   return tuple(keys)
 
 
-def _check_all_reduce(variable_update, all_reduce,
+def _check_all_reduce(variable_update, synchronization, all_reduce,
                       gradient_packing_bytes) -> None:
-  """`all_reduce` and `gradient_packing_bytes` belong to "replicated"."""
+  """`all_reduce` and `gradient_packing_bytes` belong to a strategy with a
+  copy per tower ("auto" then picks it)."""
+  copies = strategies.choose(variable_update, synchronization,
+                             replicate=True).copies_per_tower
   for name, value in (("all_reduce", all_reduce),
                       ("gradient_packing_bytes", gradient_packing_bytes)):
-    if value is not None and variable_update != "replicated":
+    if value is not None and not copies:
       raise ValueError(
           f"`{name}`={value!r} was given with variable_update="
           f"{variable_update!r}; it only applies to replicated variables. "
-          f"Pass variable_update='replicated', or drop `{name}`.")
+          f"Pass variable_update='replicated' (or 'auto'), or drop "
+          f"`{name}`.")
   if all_reduce is not None and all_reduce not in allreduce.ALGORITHMS:
     raise ValueError(
         f"`all_reduce` is {all_reduce!r}; expected one of "
         f"{', '.join(map(repr, allreduce.ALGORITHMS))}: 'collective' "
-        "(NCCL on GPUs, a ring on CPUs) or 'add_n' (one sum on the "
-        "aggregation device that every tower reads).")
+        "(NCCL on GPUs, a ring on CPUs), 'add_n' (one sum on the "
+        "aggregation device that every tower reads) or 'hierarchical' "
+        "(within each task, then across tasks once).")
   if gradient_packing_bytes is None:
     return
   if (isinstance(gradient_packing_bytes, bool) or

@@ -28,10 +28,10 @@ from estimator_multigpu.graph import splitting
 from estimator_multigpu.graph import state_updates
 from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.cluster import all_reduce_job
-from estimator_multigpu.cross_tower import collectives
 from estimator_multigpu.cross_tower import context
 from estimator_multigpu.cross_tower import layers as sync_batch_norm
 from estimator_multigpu.cross_tower import losses
+from estimator_multigpu.strategies import allreduce
 from estimator_multigpu.update import accumulation
 from estimator_multigpu.update import canned
 from estimator_multigpu.update import chain as chain_lib
@@ -52,7 +52,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
     spec = calling.call_model_fn(model_fn, features, labels, mode, params,
                                  config)
     return _with_ema(spec, mode, options, None, config)
-  cluster = _all_reduce_cluster(options, mode, config)
+  cluster = _all_reduce_cluster(mode, config)
   plan = _make_plan(options, config, cluster)
   if plan.num_towers == 1 and not options.needs_towers and cluster is None:
     with tf.device(plan.devices[0]):
@@ -75,7 +75,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       lambda tower, shard: _call_tower(model_fn, precision, shard, mode,
                                        params, config),
       plan, split.shards, strategy,
-      loss_weights=[split.loss_weight(i, _gradient_weights(options, mode),
+      loss_weights=[split.loss_weight(i, _gradient_weights(options, strategy),
                                       examples)
                     for i in range(plan.num_towers)],
       tower_scopes=[ranges.scope_factory, empty_shards.scope_factory(split)] +
@@ -98,7 +98,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
                                               split.shards[0])
               if options.accumulate_steps > 1 else examples)
     spec = _train_spec(towers, strategy, options, weight, scaling, config)
-    if options.synchronization == "async":  # the loss of the global batch.
+    if not strategy.waits_for_towers:  # the loss of the global batch.
       spec = spec._replace(loss=specs_lib.combine_losses(towers, [
           split.loss_weight(i, options.loss_reduction, examples)
           for i in range(plan.num_towers)]))
@@ -124,53 +124,59 @@ def _analyses(split) -> list:
   return analyses
 
 
-def _gradient_weights(options: Options, mode: str) -> str:
+def _gradient_weights(options: Options, strategy) -> str:
   """How towers' gradients are weighted: by their share of the examples;
   asynchronous towers each apply their own (mean-loss) gradient whole."""
-  if options.synchronization == "async" and mode == ModeKeys.TRAIN:
-    return "sum"
-  return options.loss_reduction
+  return options.loss_reduction if strategy.waits_for_towers else "sum"
 
 
-def _all_reduce_cluster(options: Options, mode: str, config):
+def _all_reduce_cluster(mode: str, config):
   """The all-reduce cluster this TRAIN graph is one task of, or None."""
   if mode != ModeKeys.TRAIN:
     return None
-  if options.variable_update == "replicated":
-    _check_no_parameter_servers(config)
-  cluster = all_reduce_job.AllReduceCluster.from_run_config(config)
-  if cluster is not None:
-    _check_all_reduce_options(options, cluster)
-  return cluster
+  return all_reduce_job.AllReduceCluster.from_run_config(config)
 
 
 def _make_plan(options: Options, config, cluster) -> plan_lib.Plan:
-  """The plan; in an all-reduce cluster, on this task's devices, in a
-  collective group of every task's towers."""
+  """The plan: the strategy the options name ("auto" resolved); in an
+  all-reduce cluster, on this task's devices, in a collective group of
+  every task's towers."""
   plan = plan_lib.make_plan(
       options.groups, options.aggregation_device,
-      getattr(config, "session_config", None), options.variable_update,
-      all_reduce=options.all_reduce,
+      getattr(config, "session_config", None))
+  if cluster is not None:
+    plan = dataclasses.replace(
+        plan, groups=[[cluster.qualify(d) for d in g] for g in plan.groups],
+        variable_device=cluster.qualify(plan.variable_device or
+                                        plan.devices[0]),
+        aggregation_device=cluster.qualify(plan.aggregation_device),
+        group_devices=cluster.group_devices(plan.devices),
+        first_tower=cluster.position * plan.num_towers)
+  num_ps = getattr(config, "num_ps_replicas", 0) or 0
+  strategy = strategies.choose(
+      options.variable_update, options.synchronization,
+      replicate=(cluster is not None or options.asks_for_all_reduce or
+                 (plan.gpu_towers >= 2 and not num_ps)))
+  plan = dataclasses.replace(
+      plan, strategy=strategy.name,
+      all_reduce=options.all_reduce or (
+          "collective" if cluster is None else "hierarchical"),
       gradient_packing_bytes=options.gradient_packing_bytes)
-  plan = dataclasses.replace(plan, synchronization=options.synchronization)
-  if cluster is None:
-    return plan
-  return dataclasses.replace(
-      plan, groups=[[cluster.qualify(d) for d in g] for g in plan.groups],
-      variable_device=cluster.qualify(plan.variable_device or plan.devices[0]),
-      aggregation_device=cluster.qualify(plan.aggregation_device),
-      group_devices=cluster.group_devices(plan.devices),
-      first_tower=cluster.position * plan.num_towers)
+  _check_strategy(plan, cluster, num_ps)
+  return plan
 
 
 def _global_examples(split, cluster, plan):
-  """The global batch's examples: this graph's, or Σ over the tasks."""
+  """The global batch's examples: this graph's, or Σ over the tasks (every
+  step only when some task's batch size is not static)."""
   if cluster is None:
     return split.global_batch_size
   with tf.device(plan.aggregation_device), tf.name_scope("global_batch"):
-    return all_reduce_job.sum_over_tasks(
+    total = all_reduce_job.sum_over_tasks(
         tf.cast(split.global_batch_size, tf.float32), cluster,
         plan.devices[0])
+    # A static batch is the same every step: summed once per session.
+    return all_reduce_job.once_per_session(total) if split.static else total
 
 
 def _across_tasks(spec, cluster, plan):
@@ -208,7 +214,7 @@ def _train_spec(towers: list, strategy, options: Options, examples, scaling,
                 config) -> tf.estimator.EstimatorSpec:
   """The TRAIN spec: the update chain's train_op, loss and hooks."""
   _check_tower_optimizer(towers)
-  keras_optimizer.check_strategy(towers, strategy.name)
+  keras_optimizer.check_strategy(towers, strategy)
   chain = chain_lib.UpdateChain(
       strategy, device=strategy.plan.aggregation_device,
       accumulate_steps=options.accumulate_steps,
@@ -236,27 +242,25 @@ def _check_tower_optimizer(towers: list) -> None:
         "(or another optimizer) instead of a name such as 'SGD'.")
 
 
-def _check_all_reduce_options(options: Options, cluster) -> None:
-  """What an all-reduce cluster needs of the options."""
-  if options.variable_update != "replicated" or options.all_reduce != (
-      "collective"):
+def _check_strategy(plan: plan_lib.Plan, cluster, num_ps: int) -> None:
+  """A copy per tower needs all-reducing tasks, and they need it."""
+  copies = strategies.lookup(plan.strategy).copies_per_tower
+  if copies and num_ps > 0:
+    raise ValueError(
+        f"variable_update={plan.strategy!r} was given in a cluster with "
+        f"{num_ps} parameter server task(s). Parameter servers hold the one "
+        "copy of each variable that every worker updates; replicated "
+        "variables live in each tower. Use variable_update='shared' (or "
+        "'auto') in a ps cluster.")
+  if cluster is not None and (not copies or plan.all_reduce not in
+                              allreduce.ACROSS_TASKS):
     raise ValueError(
         f"The cluster ({', '.join(cluster.cluster)} tasks, no ps) trains by "
-        "all-reducing between its tasks, which needs variable_update="
-        "'replicated' with all_reduce='collective'; got variable_update="
-        f"{options.variable_update!r}, all_reduce={options.all_reduce!r}. "
-        "Pass variable_update='replicated' (train.py --variable_update="
-        "replicated), or add ps tasks for variable_update='shared'.")
-
-
-def _check_no_parameter_servers(config) -> None:
-  num_ps = getattr(config, "num_ps_replicas", 0) or 0
-  if num_ps > 0:
-    raise ValueError(
-        f"variable_update='replicated' was given in a cluster with {num_ps} "
-        "parameter server task(s). Parameter servers hold the one copy of "
-        "each variable that every worker updates; replicated variables live "
-        "in each tower. Use variable_update='shared' in a ps cluster.")
+        "all-reducing between its tasks, which needs a copy of the variables "
+        f"per tower and all_reduce in {list(allreduce.ACROSS_TASKS)}; got the "
+        f"{plan.strategy!r} strategy, all_reduce={plan.all_reduce!r}. Pass "
+        "variable_update='auto' or 'replicated' (train.py --variable_update),"
+        " and drop all_reduce='add_n'; or add ps tasks for 'shared'.")
 
 
 def _cross_tower_scopes(plan, split, mode, options: Options) -> list:
@@ -266,9 +270,7 @@ def _cross_tower_scopes(plan, split, mode, options: Options) -> list:
   warning that it is per tower (TRAIN without)."""
   if len(plan.collective_devices) == 1:
     return []
-  group = collectives.Group(
-      tuple(plan.collective_devices), first_local=plan.first_tower,
-      local_towers=plan.num_towers if plan.group_devices else 0)
+  group = plan.collective_group
   scopes = [context.scope_factory(group, split.sizes,
                                   options.loss_reduction == "mean")]
   if mode in (ModeKeys.TRAIN, ModeKeys.EVAL):

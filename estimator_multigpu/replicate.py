@@ -24,7 +24,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               ema_decay: Optional[float] = None,
               clip_gradients_by_norm: Optional[float] = None,
               use_ema_weights: bool = True,
-              variable_update: str = "shared",
+              variable_update: str = "auto",
               unsplit_features: Sequence[str] = (),
               all_reduce: Optional[str] = None,
               gradient_packing_bytes: Optional[int] = None,
@@ -196,22 +196,31 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
     use_ema_weights: with `ema_decay`, evaluate, predict and export with the
       averaged weights (True) or the raw ones (False).
     variable_update: how towers share variables and combine gradients
-      (`strategies`). "shared": one copy on the aggregation device; each
-      tower reads it and sends its gradient there (tf_cnn_benchmarks'
-      `parameter_server`, tensorpack's `SyncMultiGPUTrainerParameterServer`).
+      (`strategies`). "auto" (default): "replicated" with two or more GPU
+      towers, in an all-reduce cluster (chief + workers, no ps), or when
+      `all_reduce` or `gradient_packing_bytes` is given; "shared" otherwise
+      (CPU towers, one GPU, a ps cluster, `synchronization="async"`).
+      "shared": one copy on the aggregation device (the host by default);
+      each tower reads it and sends its gradient there (tf_cnn_benchmarks'
+      `parameter_server`, tensorpack's `SyncMultiGPUTrainerParameterServer`):
+      ask for it to keep one copy of the variables in host memory.
       "replicated": each tower trains its own copy of the trainable
       variables and optimizer slots, the gradients are all-reduced and every
       tower applies the same update (tf_cnn_benchmarks' `replicated`,
       tensorpack's `SyncMultiGPUTrainerReplicated`, MirroredStrategy); tower
       0's copies keep the single-device names and are the only ones saved.
+      It costs a copy of the variables and optimizer slots per tower.
       Not with `SyncReplicasOptimizer` or parameter-server clusters.
-    all_reduce: with "replicated": "collective" (default; TensorFlow's
-      collective ops, NCCL on GPUs, a ring on CPUs) or "add_n" (one sum on
-      the aggregation device that every tower reads).
-    gradient_packing_bytes: with "replicated": concatenate dense gradients
-      into buffers of at most this many bytes before the all-reduce (fewer,
-      larger reductions, like tf_cnn_benchmarks' `--gradient_repacking`);
-      None or 0: reduce each gradient on its own.
+    all_reduce: with a copy per tower: "collective" (default on one machine;
+      TensorFlow's collective ops, NCCL on GPUs, a ring on CPUs), "add_n"
+      (one sum on the aggregation device that every tower reads) or
+      "hierarchical" (default across tasks: summed within each task, across
+      tasks once by each task's first tower, read back by its other towers).
+    gradient_packing_bytes: with a copy per tower: concatenate dense
+      gradients into buffers of at most this many bytes before the
+      all-reduce (fewer, larger reductions, like tf_cnn_benchmarks'
+      `--gradient_repacking` and Horovod's tensor fusion); None:
+      `allreduce.DEFAULT_PACKING_BYTES` (64 MiB); 0: each gradient alone.
     accumulate_steps: k >= 1 input batches per update (1: none).
     mixed_precision: None (float32), "bfloat16" or "float16" (with dynamic
       loss scaling): the precision the towers compute in; variables,

@@ -14,12 +14,17 @@ TRAIN = tf.estimator.ModeKeys.TRAIN
 # `multi_gpu` options of each variable mode and reduction the exactness tests
 # run in: shared variables, and replicated ones with every all-reduce.
 VARIABLE_MODES = {
-    "shared": {},
+    "auto": {},  # the default: shared on CPU towers.
+    "shared": {"variable_update": "shared"},
     "replicated": {"variable_update": "replicated"},
     "replicated_add_n": {"variable_update": "replicated",
                          "all_reduce": "add_n"},
     "replicated_packed": {"variable_update": "replicated",
                           "gradient_packing_bytes": 16},
+    "replicated_unpacked": {"variable_update": "replicated",
+                            "gradient_packing_bytes": 0},
+    "replicated_hierarchical": {"variable_update": "replicated",
+                                "all_reduce": "hierarchical"},
 }
 
 

@@ -121,6 +121,19 @@ def sum_over_tasks(value: tf.Tensor, cluster: AllReduceCluster,
                                     group.devices[cluster.position])
 
 
+def once_per_session(value: tf.Tensor) -> tf.Tensor:
+  """`value` computed once, when the session starts, and read every step.
+
+  A local variable initialized from `value`: Estimator runs the local
+  initializers on every task before its first step (`broadcast_scaffold`'s
+  `local_init_op`), so a collective inside `value` runs there once, not per
+  step.
+  """
+  variable = tf1.Variable(value, trainable=False, name="once_per_session",
+                          collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+  return tf.identity(variable)
+
+
 def broadcast_scaffold(scaffold: Optional[tf1.train.Scaffold],
                        cluster: AllReduceCluster,
                        device: str) -> tf1.train.Scaffold:

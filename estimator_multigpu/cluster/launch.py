@@ -243,7 +243,7 @@ def check_args(parser, args, script_args: list) -> None:
     parser.error(f"--num_ps={args.num_ps} and --num_workers="
                  f"{args.num_workers}; each must be at least 1 (or --num_ps "
                  "0 with at least 2 workers: an all-reduce job, whose tasks "
-                 "need --variable_update=replicated after --).")
+                 "replicate the variables by default).")
   if not os.path.isfile(args.script):
     parser.error(f"--script={args.script} does not exist (relative to "
                  f"{os.getcwd()}); run from the repository root or give "

@@ -96,7 +96,7 @@ def task_from_flags(ps_hosts: Sequence[str], worker_hosts: Sequence[str],
           f"--{name} is empty; a cluster needs at least one ps and one worker "
           "address, e.g. --ps_hosts=ps0:2222 --worker_hosts=w0:2222,w1:2222, "
           "the same on every task (or, with no ps, two or more workers that "
-          "all-reduce: --variable_update=replicated).")
+          "all-reduce, --variable_update=auto or replicated).")
   if job_name not in (PS, WORKER, EVALUATOR):
     raise ValueError(f"--job_name is {job_name!r}; expected ps, worker or "
                      "evaluator (worker 0 is the chief).")

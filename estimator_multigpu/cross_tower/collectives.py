@@ -1,10 +1,21 @@
-"""Cross-tower all-reduce inside the towers' forward pass, differentiable.
+"""The one collectives layer: groups, keys and launch order for every
+collective the package builds.
 
-Synchronized batch norm sums a small statistics vector over the towers while
-the graph runs. This module does that with TensorFlow's own collective op
-(`CollectiveReduceV2`: in-process transport between the CPU devices of one
-session, NCCL between GPUs), wrapped in `tf.custom_gradient` so gradients
-flow back through the sum: the backward pass is another all-reduce.
+A `Group` is every tower of a step: tasks × local towers (one task without
+a cluster). Two kinds of callers use it, with one key space per graph:
+
+- `launch` (the gradient all-reduce, `strategies.allreduce`): one collective
+  issued on all of this graph's towers at once, chained after the previous
+  `launch` on each device, so every device starts them in the same order
+  (NCCL deadlocks otherwise).
+- `all_reduce_sum` (sync batch norm, `cross_tower_*`, moments, the sums over
+  tasks): a differentiable sum issued tower by tower inside the forward
+  pass, wrapped in `tf.custom_gradient` (the backward pass is another
+  all-reduce).
+
+Both run TensorFlow's own collective ops (`CollectiveReduceV2`,
+`CollectiveGatherV2`: in-process transport between the CPU devices of one
+session, a ring between tasks, NCCL between GPUs).
 
 Keys. A collective is matched across devices by its group key (the set of
 towers) and instance key (one call). The k-th `all_reduce_sum` of every tower
@@ -73,6 +84,33 @@ class Group:
     return len(self.devices)
 
   @property
+  def num_local(self) -> int:
+    """How many of the towers this graph builds (one task's)."""
+    return self.local_towers or self.num_towers
+
+  @property
+  def num_tasks(self) -> int:
+    return self.num_towers // self.num_local
+
+  @property
+  def local_devices(self) -> tuple:
+    """The devices of the towers this graph builds, in tower order."""
+    return self.devices[self.first_local:self.first_local + self.num_local]
+
+  def leaders(self) -> "Group":
+    """One member per task, its first tower: for what crosses tasks once."""
+    task = self.first_local // self.num_local
+    return dataclasses.replace(
+        self, devices=self.devices[::self.num_local], first_local=task,
+        local_towers=1)
+
+  @property
+  def launch_hint(self) -> str:
+    """NCCL when every tower is a GPU, a ring otherwise (`launch`)."""
+    return ("nccl" if all("GPU" in d.upper() for d in self.devices)
+            else "ring")
+
+  @property
   def last_local(self) -> int:
     """The index of the last tower this graph builds."""
     return self.first_local + (self.local_towers or self.num_towers) - 1
@@ -83,11 +121,12 @@ class GraphKeys:
 
   def __init__(self):
     self.group_keys: dict = {}
-    self.forward_keys: list = []
+    self.forward_keys: dict = {}  # group devices -> keys by call position.
     self.calls: collections.Counter = collections.Counter()
     self.backward_keys: dict = {}
     self.participants: collections.Counter = collections.Counter()
     self.expected: dict = {}
+    self.launched: dict = {}  # device -> the last `launch` output there.
 
   def group_key(self, group: Group) -> int:
     if group.devices not in self.group_keys:
@@ -97,9 +136,10 @@ class GraphKeys:
   def forward_key(self, group: Group, tower_index: int) -> int:
     """The key of this tower's next forward call (shared across towers)."""
     position = self._count((group.devices, tower_index))
-    while len(self.forward_keys) <= position:
-      self.forward_keys.append(next(_KEYS))
-    return self._use(self.forward_keys[position], group)
+    keys = self.forward_keys.setdefault(group.devices, [])
+    while len(keys) <= position:
+      keys.append(next(_KEYS))
+    return self._use(keys[position], group)
 
   def backward_key(self, forward_key: int, tower_index: int,
                    group: Group) -> int:
@@ -108,6 +148,10 @@ class GraphKeys:
     if (forward_key, position) not in self.backward_keys:
       self.backward_keys[(forward_key, position)] = next(_KEYS)
     return self._use(self.backward_keys[(forward_key, position)], group)
+
+  def instance_key(self) -> int:
+    """A fresh key for a collective every tower issues at once (`launch`)."""
+    return next(_KEYS)
 
   def _count(self, slot) -> int:
     self.calls[slot] += 1
@@ -205,3 +249,48 @@ def _reduce(value: tf.Tensor, group: Group, instance_key: int,
         merge_op="Add", final_op="Id",
         communication_hint=group.communication_hint, timeout=group.timeout,
         name="cross_tower_all_reduce")
+
+
+def launch(group: Group, tensors: list, kind: str = "sum") -> list:
+  """One collective over `group`, issued on each of this graph's towers.
+
+  Each tower's op runs after the previous `launch` on its device, so every
+  device launches the graph's collectives in the same order.
+
+  Args:
+    group: the towers; `tensors` are those of `group.local_devices`.
+    tensors: one per local tower, same shape (for "sum") and dtype.
+    kind: "sum" (all-reduce) or "gather" (all-gather along axis 0).
+
+  Returns:
+    One output per local tower, each on that tower's device.
+  """
+  keys = graph_keys()
+  instance_key = keys.instance_key()
+  outputs = []
+  for device, tensor in zip(group.local_devices, tensors):
+    after = keys.launched.get(device)
+    with tf.device(device), tf.control_dependencies(
+        [] if after is None else [after]):
+      outputs.append(_LAUNCHERS[kind](tensor, group, instance_key))
+    keys.launched[device] = outputs[-1]
+  return outputs
+
+
+def _sum(tensor, group: Group, instance_key: int) -> tf.Tensor:
+  return collective_ops.all_reduce_v2(
+      tensor, group_size=group.num_towers,
+      group_key=graph_keys().group_key(group), instance_key=instance_key,
+      merge_op="Add", final_op="Id", communication_hint=group.launch_hint,
+      timeout=group.timeout, name="all_reduce")
+
+
+def _gather(tensor, group: Group, instance_key: int) -> tf.Tensor:
+  return collective_ops.all_gather_v2(
+      tensor, group_size=group.num_towers,
+      group_key=graph_keys().group_key(group), instance_key=instance_key,
+      communication_hint=group.launch_hint, timeout=group.timeout,
+      name="all_gather")
+
+
+_LAUNCHERS = {"sum": _sum, "gather": _gather}

@@ -13,8 +13,11 @@ import dataclasses
 from typing import Optional, Sequence, Union
 
 from absl import logging
+import tensorflow as tf
 
 from estimator_multigpu import devices as devices_lib
+from estimator_multigpu import strategies
+from estimator_multigpu.cross_tower import collectives
 from estimator_multigpu.graph import splitting
 from estimator_multigpu.graph import towers as towers_lib
 DevicesOption = Union[None, int, Sequence[str], Sequence[Sequence[str]]]
@@ -52,30 +55,35 @@ class Plan:
     groups: one device group per tower; a tower's ops go to its first device.
     variable_device: where shared variables live; None = the tower's device.
     aggregation_device: where the towers' gradients are combined.
-    variable_update: the variable strategy's name (`strategies.STRATEGIES`).
-    all_reduce: with "replicated", how gradients are all-reduced
+    strategy: the variable strategy's name in `strategies.STRATEGIES`.
+    all_reduce: with a copy per tower, how gradients are all-reduced
       (`allreduce.ALGORITHMS`).
-    gradient_packing_bytes: with "replicated", pack dense gradients into
-      buffers of at most this many bytes before the all-reduce (0: no).
+    gradient_packing_bytes: with a copy per tower, pack dense gradients
+      into buffers of at most this many bytes before the all-reduce (0: no).
     group_devices: every tower of the collective group, when it spans other
       tasks too (an all-reduce cluster); None: this graph's towers.
     first_tower: the place of this graph's tower 0 in `group_devices`.
-    synchronization: "sync" or "async" (`strategies.asynchronous`).
   """
   groups: list
   variable_device: Optional[str]
   aggregation_device: str
-  variable_update: str = "shared"
+  strategy: str = "shared"
   all_reduce: str = "collective"
   gradient_packing_bytes: int = 0
   group_devices: Optional[list] = None
   first_tower: int = 0
-  synchronization: str = "sync"
 
   @property
   def collective_devices(self) -> list:
     """Every tower of the collective group, in order."""
     return self.group_devices or self.devices
+
+  @property
+  def collective_group(self) -> collectives.Group:
+    """Every tower of a step: tasks × this graph's towers, in order."""
+    return collectives.Group(
+        tuple(self.collective_devices), first_local=self.first_tower,
+        local_towers=self.num_towers if self.group_devices else 0)
 
   @property
   def devices(self) -> list:
@@ -86,11 +94,15 @@ class Plan:
   def num_towers(self) -> int:
     return len(self.groups)
 
+  @property
+  def gpu_towers(self) -> int:
+    """How many towers run on a GPU."""
+    return sum(tf.DeviceSpec.from_string(d).device_type == "GPU"
+               for d in self.devices)
+
 
 def make_plan(groups: Optional[list], aggregation_device: Optional[str],
-              session_config, variable_update: str = "shared",
-              api: str = "multi_gpu", all_reduce: str = "collective",
-              gradient_packing_bytes: int = 0) -> Plan:
+              session_config, api: str = "multi_gpu") -> Plan:
   """Resolves the devices for this graph and checks that they exist.
 
   Args:
@@ -98,9 +110,7 @@ def make_plan(groups: Optional[list], aggregation_device: Optional[str],
     aggregation_device: canonical variable/aggregation device, or None for
       the default (`devices.aggregation_device_for`).
     session_config: the session's ConfigProto (virtual CPU count), or None.
-    variable_update: the variable strategy's name.
     api: the public name asking (`devices.check_devices_exist`).
-    all_reduce, gradient_packing_bytes: see `Plan`.
   """
   groups = groups or [[d] for d in devices_lib.resolve_devices(None)]
   wanted = [d for group in groups for d in group]
@@ -111,17 +121,18 @@ def make_plan(groups: Optional[list], aggregation_device: Optional[str],
       [group[0] for group in groups])
   # With one tower and no request, variables simply follow the tower.
   variable_device = aggregation_device if len(groups) == 1 else chosen
-  return Plan(groups, variable_device, chosen, variable_update, all_reduce,
-              gradient_packing_bytes)
+  return Plan(groups, variable_device, chosen)
 
 
 def log_plan(plan: Plan, split: splitting.Split, mode: str) -> None:
   """One INFO line with the plan."""
   per_tower = (split.sizes if split.static else
                "known at run time (sizes differ by at most 1)")
-  if plan.variable_update == "replicated" and mode == "train":
+  if strategies.lookup(plan.strategy).copies_per_tower and mode == "train":
+    packing = (f" in buffers of {plan.gradient_packing_bytes / 2**20:g} MiB"
+               if plan.gradient_packing_bytes else "")
     variables = (f"a copy per tower; gradients all-reduced by "
-                 f"{plan.all_reduce}")
+                 f"{plan.all_reduce}{packing}")
   else:
     variables = (
         f"on {devices_lib.short_name(plan.variable_device or plan.devices[0])}"

@@ -1,146 +1,100 @@
 """All-reduce: every tower gets the sum of the towers' gradients.
 
-`all_reduce` takes, per tower, one gradient per variable and returns, per
-tower, the sums, each placed on that tower's device, with bit-identical values
-in every tower (so replicated copies stay equal). Two algorithms:
+`all_reduce` takes, per tower of this graph, one gradient per variable and
+returns, per tower, the sums over the whole collective group (every task's
+towers), each placed on that tower's device, with bit-identical values in
+every tower (so replicated copies stay equal). The algorithms (`ALGORITHMS`,
+tensorpack's 'nccl' / 'cpu' / 'hierarchical' modes):
 
-- "collective": TensorFlow's collective ops in graph mode
-  (`CollectiveReduceV2`, `CollectiveGatherV2`); NCCL when every tower is a
-  GPU, a ring over the host otherwise. Each tower's collectives are chained
-  by control dependencies so every device launches them in the same order
-  (NCCL deadlocks otherwise): last variable first, the order in which the
-  backward pass produces gradients, so reductions overlap it.
+- "collective": one collective over every tower of every task
+  (`collectives.launch`: NCCL when every tower is a GPU, a ring otherwise).
 - "add_n": the towers' gradients are summed once on the aggregation device
-  and every tower reads that one sum (tf_cnn_benchmarks' `pscpu`/`psgpu`
-  all-reduce specs). Also the fallback for dtypes the collectives lack.
+  and every tower reads that one sum (tf_cnn_benchmarks' `pscpu`/`psgpu`).
+  One task only; also the fallback for dtypes the collectives lack.
+- "hierarchical": summed within the task on its first tower, then across
+  tasks once by that tower alone, and read back by the task's other towers:
+  the bytes between tasks are one tower's, however many towers a task has.
 
-`IndexedSlices` stay sparse: their values and indices are gathered (a padded
-all-gather with "collective", a concatenation with "add_n"), never
-densified. With `packing_bytes`, dense gradients of one dtype are flattened
-and concatenated into buffers of at most that many bytes before the reduce
-and split back after (tf_cnn_benchmarks' `--gradient_repacking`, Horovod's
+Collectives go through the one collectives layer (`cross_tower.collectives`):
+one key space, and one launch order on every device, last variable first
+(the order in which the backward pass produces gradients). `IndexedSlices`
+stay sparse: their values and indices are gathered (a padded all-gather),
+never densified. With `packing_bytes` (`DEFAULT_PACKING_BYTES` unless the
+user says otherwise), dense gradients of one dtype are flattened and
+concatenated into buffers of at most that many bytes before the reduce and
+split back after (tf_cnn_benchmarks' `--gradient_repacking`, Horovod's
 tensor fusion): fewer, larger collectives.
 """
 
 from __future__ import annotations
 
-import weakref
-from typing import Optional, Sequence
+import dataclasses
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from estimator_multigpu import compat
-
-collective_ops = compat.internal("collective_ops")
-
+from estimator_multigpu.cross_tower import collectives
 
 tf1 = tf.compat.v1
 
-ALGORITHMS = ("collective", "add_n")
+# Horovod's fusion threshold: every gradient of a ResNet-50 fits in two.
+DEFAULT_PACKING_BYTES = 64 << 20
 _COLLECTIVE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
-_KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-class _Keys:
-  """Collective group and instance keys, unique within one graph."""
+@dataclasses.dataclass(frozen=True)
+class _Reduce:
+  """Where the sums of one call are computed (see `all_reduce`)."""
+  group: collectives.Group
+  devices: list
+  aggregation_device: Optional[str]
 
-  def __init__(self):
-    self.groups: dict = {}
-    self.next_instance = 1
-
-  def group(self, devices: tuple) -> int:
-    return self.groups.setdefault(devices, len(self.groups) + 1)
-
-  def instance(self) -> int:
-    self.next_instance += 1
-    return self.next_instance - 1
-
-
-def _keys() -> _Keys:
-  graph = tf1.get_default_graph()
-  if graph not in _KEYS:
-    _KEYS[graph] = _Keys()
-  return _KEYS[graph]
-
-
-class _Collectives:
-  """Issues collective ops over one group of devices, in a fixed order."""
-
-  def __init__(self, devices: Sequence[str], group_size: int):
-    self.devices = list(devices)
-    self.group_size = group_size
-    self.group_key = _keys().group(tuple(self.devices))
-    self.hint = ("nccl" if all("GPU" in d.upper() for d in self.devices)
-                 else "ring")
-    self._last = [None] * len(self.devices)  # per device, its last output.
-
-  def _run(self, tensors: list, make) -> list:
-    instance_key = _keys().instance()
-    outputs = []
-    for index, (device, tensor) in enumerate(zip(self.devices, tensors)):
-      after = [] if self._last[index] is None else [self._last[index]]
-      with tf.device(device), tf.control_dependencies(after):
-        outputs.append(make(tensor, instance_key))
-      self._last[index] = outputs[-1]
-    return outputs
-
-  def sum(self, tensors: list) -> list:
-    return self._run(tensors, lambda t, key: collective_ops.all_reduce_v2(
-        t, group_size=self.group_size, group_key=self.group_key,
-        instance_key=key, merge_op="Add", final_op="Id",
-        communication_hint=self.hint))
-
-  def gather(self, tensors: list) -> list:
-    return self._run(tensors, lambda t, key: collective_ops.all_gather_v2(
-        t, group_size=self.group_size, group_key=self.group_key,
-        instance_key=key, communication_hint=self.hint))
+  @property
+  def first(self) -> str:
+    return self.aggregation_device or self.devices[0]
 
 
 def all_reduce(tower_grads: list, variables: list, devices: Sequence[str],
                algorithm: str = "collective", packing_bytes: int = 0,
                aggregation_device: Optional[str] = None,
-               group_size: Optional[int] = None) -> list:
+               group: Optional[collectives.Group] = None) -> list:
   """Sums each variable's gradient over the towers; every tower gets the sum.
 
   Args:
-    tower_grads: per tower, one gradient per variable (a dense tensor,
-      `IndexedSlices` or None), in the order of `variables`.
+    tower_grads: per tower of this graph, one gradient per variable (a dense
+      tensor, `IndexedSlices` or None), in the order of `variables`.
     variables: the variables (tower 0's), for shapes of missing gradients.
-    devices: each tower's device, distinct.
-    algorithm: "collective" or "add_n" (see the module docstring).
+    devices: each of this graph's towers' device, distinct.
+    algorithm: a name in `ALGORITHMS` (see the module docstring).
     packing_bytes: > 0 packs dense gradients into buffers of at most this
       many bytes before reducing; 0 reduces each gradient on its own.
     aggregation_device: where "add_n" sums.
-    group_size: the towers of the whole collective group, when it spans
-      other processes' towers too (an all-reduce cluster); default: these.
+    group: the collective group when it spans other tasks' towers too (an
+      all-reduce cluster); default: these towers.
 
   Returns:
     Per tower, one summed gradient per variable: None where every tower's
     was None (a tower's None counts as zero otherwise), `IndexedSlices`
     where every tower's gradient was.
   """
-  num_towers = len(devices)
   columns = [_normalize([grads[k] for grads in tower_grads], variable, devices)
              for k, variable in enumerate(variables)]
-  results = [[None] * len(variables) for _ in range(num_towers)]
-  group_size = group_size or num_towers
-  collectives = (_Collectives(devices, group_size)
-                 if algorithm == "collective" and group_size > 1 else None)
+  where = _Reduce(group or collectives.Group(tuple(devices)), list(devices),
+                  aggregation_device)
+  dense_sum, sparse_sum = ALGORITHMS[algorithm]
+  results = [[None] * len(variables) for _ in devices]
   ready_first = list(reversed(range(len(columns))))  # backward-pass order.
   dense = [k for k in ready_first if columns[k] is not None and
            not isinstance(columns[k][0], tf.IndexedSlices)]
-  for keys, packed in _buckets(columns, dense, packing_bytes,
-                                  devices):
-    summed = _sum_dense(packed, collectives, aggregation_device, devices)
+  for keys, packed in _buckets(columns, dense, packing_bytes, devices):
+    summed = dense_sum(packed, where)
     for tower, pieces in enumerate(_unpack(summed, [columns[k] for k in keys],
                                            devices)):
       for k, piece in zip(keys, pieces):
         results[tower][k] = piece
   for k in ready_first:
-    column = columns[k]
-    if column is not None and isinstance(column[0], tf.IndexedSlices):
-      for tower, piece in enumerate(_sum_sparse(column, collectives,
-                                                aggregation_device, devices)):
+    if columns[k] is not None and k not in dense:
+      for tower, piece in enumerate(sparse_sum(columns[k], where)):
         results[tower][k] = piece
   return results
 
@@ -213,29 +167,99 @@ def _unpack(summed: list, columns: list, devices) -> list:
   return unpacked
 
 
-def _sum_dense(tensors: list, collectives, aggregation_device, devices):
-  if len(tensors) == 1 and collectives is None:
+def _collective_dense(tensors: list, where: _Reduce) -> list:
+  """One collective over every tower of every task."""
+  if where.group.num_towers == 1:
     return tensors
-  if collectives is not None and tensors[0].dtype in _COLLECTIVE_DTYPES:
-    return collectives.sum(tensors)
-  with tf.device(aggregation_device or devices[0]):
+  if not _has_collective(tensors[0].dtype, where.group):
+    return _add_n_dense(tensors, where)
+  return collectives.launch(where.group, tensors)
+
+
+def _add_n_dense(tensors: list, where: _Reduce) -> list:
+  """One sum on the aggregation device that every tower reads."""
+  if len(tensors) == 1:
+    return tensors
+  with tf.device(where.first):
     total = tf.math.add_n(tensors)
   return [total] * len(tensors)
 
 
-def _sum_sparse(slices: list, collectives, aggregation_device,
-                devices) -> list:
-  """Every tower's values and indices, concatenated in rank order."""
-  if len(slices) == 1 and collectives is None:
+def _hierarchical_dense(tensors: list, where: _Reduce) -> list:
+  """Σ within the task on its first tower, across tasks once, read back."""
+  local = _add_n_dense(tensors, dataclasses.replace(where,
+                                                    aggregation_device=None))
+  leaders = where.group.leaders()
+  if leaders.num_towers == 1 or not _has_collective(local[0].dtype,
+                                                     leaders):
+    return local
+  return collectives.launch(leaders, local[:1]) * len(tensors)
+
+
+def _collective_sparse(slices: list, where: _Reduce) -> list:
+  """Every tower of every task gathers every tower's rows."""
+  if where.group.num_towers == 1:
     return slices
-  if collectives is None or slices[0].values.dtype not in _COLLECTIVE_DTYPES:
-    with tf.device(aggregation_device or devices[0]):
-      total = tf.IndexedSlices(tf.concat([s.values for s in slices], 0),
-                               tf.concat([s.indices for s in slices], 0),
-                               slices[0].dense_shape)
-    return [total] * len(slices)
-  counts = collectives.gather([tf.shape(s.indices, out_type=tf.int32)[:1]
-                               for s in slices])
+  if not _has_collective(slices[0].values.dtype, where.group):
+    return _add_n_sparse(slices, where)
+  return _gather_sparse(slices, where.group, where.devices)
+
+
+def _add_n_sparse(slices: list, where: _Reduce) -> list:
+  """The towers' rows, concatenated in tower order on one device."""
+  if len(slices) == 1:
+    return slices
+  with tf.device(where.first):
+    total = tf.IndexedSlices(tf.concat([s.values for s in slices], 0),
+                             tf.concat([s.indices for s in slices], 0),
+                             slices[0].dense_shape)
+  return [total] * len(slices)
+
+
+def _hierarchical_sparse(slices: list, where: _Reduce) -> list:
+  """The task's rows concatenated, then gathered across tasks once."""
+  local = _add_n_sparse(slices, dataclasses.replace(where,
+                                                    aggregation_device=None))
+  leaders = where.group.leaders()
+  if leaders.num_towers == 1 or not _has_collective(local[0].values.dtype,
+                                                     leaders):
+    return local
+  return _gather_sparse(local[:1], leaders, where.devices[:1]) * len(slices)
+
+
+# Name -> (dense sum, sparse sum): a new algorithm is one entry.
+ALGORITHMS: "dict[str, tuple[Callable, Callable]]" = {
+    "collective": (_collective_dense, _collective_sparse),
+    "add_n": (_add_n_dense, _add_n_sparse),
+    "hierarchical": (_hierarchical_dense, _hierarchical_sparse),
+}
+# The algorithms whose sums reach other tasks' towers.
+ACROSS_TASKS = ("collective", "hierarchical")
+
+
+def _has_collective(dtype: tf.DType, group: collectives.Group) -> bool:
+  """Whether collectives reduce `dtype`; across tasks they must.
+
+  Raises:
+    ValueError: a gradient of another dtype in a group spanning tasks,
+      where one task's sum would silently miss the others'.
+  """
+  if dtype in _COLLECTIVE_DTYPES:
+    return True
+  if group.num_tasks > 1:
+    raise ValueError(
+        f"A gradient is {dtype.name}; all-reducing between tasks supports "
+        f"{', '.join(d.name for d in _COLLECTIVE_DTYPES)}. Keep the "
+        "variables in float32 (mixed_precision computes in the towers only).")
+  return False
+
+
+def _gather_sparse(slices: list, group: collectives.Group,
+                   devices: list) -> list:
+  """Every member's values and indices, concatenated in rank order."""
+  counts = collectives.launch(
+      group, [tf.shape(s.indices, out_type=tf.int32)[:1] for s in slices],
+      "gather")
   padded_values, padded_indices, masks = [], [], []
   for s, count, device in zip(slices, counts, devices):
     with tf.device(device):
@@ -245,8 +269,8 @@ def _sum_sparse(slices: list, collectives, aggregation_device,
           s.values, [[0, pad]] + [[0, 0]] * (s.values.shape.rank - 1)))
       padded_indices.append(tf.pad(tf.cast(s.indices, tf.int64), [[0, pad]]))
       masks.append(tf.reshape(tf.sequence_mask(count, longest), [-1]))
-  values = collectives.gather(padded_values)
-  indices = collectives.gather(padded_indices)
+  values = collectives.launch(group, padded_values, "gather")
+  indices = collectives.launch(group, padded_indices, "gather")
   summed = []
   for s, v, i, mask, device in zip(slices, values, indices, masks, devices):
     with tf.device(device):

@@ -26,6 +26,8 @@ class AsyncTowers(shared.SharedVariables):
   """Shared variables; each tower's gradient applied on its own."""
 
   name = "async"
+  synchronization = "async"
+  waits_for_towers = False
 
   def combine(self, towers: list) -> list:
     device = self.plan.aggregation_device

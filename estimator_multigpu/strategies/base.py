@@ -57,7 +57,12 @@ class Update:
 class VariableStrategy(abc.ABC):
   """How towers share variables and combine gradients, for one plan."""
 
+  # The registry's traits (`strategies.STRATEGIES`).
   name = ""
+  variable_update = ""  # the `variable_update` option that selects it.
+  synchronization = "sync"  # the `synchronization` option that selects it.
+  copies_per_tower = False  # a copy of the variables per tower (all-reduce).
+  waits_for_towers = True  # one update from every tower's gradients.
 
   def __init__(self, plan: Any):
     self.plan = plan

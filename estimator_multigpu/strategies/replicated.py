@@ -106,6 +106,8 @@ class ReplicatedVariables(shared.SharedVariables):
   """A copy of the trainable variables per tower; all-reduce; N updates."""
 
   name = "replicated"
+  variable_update = "replicated"
+  copies_per_tower = True
 
   def __init__(self, plan):
     super().__init__(plan)
@@ -178,8 +180,7 @@ class ReplicatedVariables(shared.SharedVariables):
         summed = allreduce.all_reduce(
             tower_grads, variables, [tower.device for tower in towers],
             self.plan.all_reduce, self.plan.gradient_packing_bytes,
-            self.plan.aggregation_device,
-            len(self.plan.collective_devices))
+            self.plan.aggregation_device, self.plan.collective_group)
       updates += [base.Update(position, calls[0], tower, tower.device,
                               list(zip(grads, variables)))
                   for tower, grads in zip(towers, summed)]

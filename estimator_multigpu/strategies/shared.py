@@ -25,6 +25,7 @@ class SharedVariables(base.VariableStrategy):
   """One copy of each variable, on the aggregation device; one update."""
 
   name = "shared"
+  variable_update = "shared"
 
   def __init__(self, plan: Any):
     super().__init__(plan)

@@ -33,10 +33,6 @@ from estimator_multigpu.update import recording
 tf1 = tf.compat.v1
 Legacy = tf.keras.optimizers.legacy.Optimizer
 
-# Strategies whose combined update is one apply per optimizer call per step.
-ONE_APPLY_STRATEGIES = ("shared",)
-
-
 def is_legacy_keras(optimizer) -> bool:
   """Whether `optimizer` is a Keras 2 legacy (OptimizerV2) optimizer."""
   return isinstance(optimizer, Legacy)
@@ -147,7 +143,7 @@ class KerasTowerOptimizer(Legacy):
         grads_and_vars, name=name))
 
 
-def check_strategy(towers: list, strategy_name: str) -> None:
+def check_strategy(towers: list, strategy) -> None:
   """Refuses Keras optimizers where a step would apply them several times.
 
   Raises:
@@ -157,15 +153,18 @@ def check_strategy(towers: list, strategy_name: str) -> None:
   """
   keras = [call.optimizer.wrapped for call in towers[0].optimizer_calls
            if isinstance(call.optimizer, KerasTowerOptimizer)]
-  if keras and strategy_name not in ONE_APPLY_STRATEGIES:
+  applies_once = strategy.waits_for_towers and not strategy.copies_per_tower
+  if keras and not applies_once:
     raise ValueError(
         f"The model_fn trains with a Keras optimizer "
         f"({type(keras[0]).__name__}) and the towers apply updates with the "
-        f"{strategy_name!r} strategy, which applies once per tower: every "
+        f"{strategy.name!r} strategy, which applies once per tower: every "
         "Keras apply moves the optimizer's `iterations` (a canned "
         "estimator's global step), so it would move several times per step. "
-        "Use variable_update='shared' and synchronization='sync' (the "
-        "defaults), or a tf.compat.v1.train optimizer in your own model_fn.")
+        "Pass multi_gpu(..., variable_update='shared') with "
+        "synchronization='sync' (the default 'auto' picks 'replicated' on "
+        "two or more GPUs), or use a tf.compat.v1.train optimizer in your own "
+        "model_fn.")
 
 
 _LEGACY_NAMES = ("Adadelta", "Adagrad", "Adam", "Adamax", "Ftrl", "Nadam",

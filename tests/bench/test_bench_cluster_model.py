@@ -38,9 +38,11 @@ def test_ps_and_ring_bytes():
     ("ps", 2, 2, 600),         # 2 workers x (2 reads + 1 gradient) x 100.
     ("ps", 4, 1, 800),         # 4 workers x 200.
     ("allreduce", 2, 1, 200),  # 2 tasks x 2·1/2·100.
-    ("allreduce", 2, 2, 300),  # flat ring of 4 devices: 2 tasks x 150.
+    # Hierarchical: only one tower per task crosses tasks, however many.
+    ("allreduce", 2, 2, 200),
     ("allreduce", 4, 1, 600),  # 4 tasks x 2·3/4·100.
-    ("allreduce", 4, 2, 700),  # ring of 8: 4 tasks x 2·7/8·100 = 4 x 175.
+    ("allreduce", 4, 2, 600),
+    ("mwms", 3, 1, 400),       # 3 tasks x 2·2/3·100.
 ])
 def test_wire_bytes_per_step(system, tasks, towers, expected):
   assert cm.wire_bytes_per_step(system, 100, tasks, towers) == (

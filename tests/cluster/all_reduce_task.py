@@ -1,9 +1,10 @@
 """One task of an all-reduce job on loopback, for test_all_reduce_cluster.py.
 
 Every task reads TF_CONFIG, trains `model_fn` on `--towers` virtual CPU
-towers with `variable_update="replicated"` through
-`emg.train_and_evaluate`, on its own rows `--rows=a:b` of the 7-example
-global batch, and exits.
+towers with the default `variable_update` ("auto": replicated in a cluster)
+through `emg.train_and_evaluate`, on its own rows `--rows=a:b` of the
+7-example global batch, and exits. `--batch_norm` adds a batch-norm layer
+with `sync_batch_norm=True` (moments over every task's towers).
 
     TF_CONFIG=... python tests/cluster/all_reduce_task.py --towers=2 \\
         --rows=0:4 --model_dir=/tmp/chief --steps=3
@@ -28,15 +29,18 @@ def data():
           rng.randn(BATCH, 2).astype(np.float32))
 
 
-def model_fn(features, labels, mode):
-  """Two dense layers, Momentum, an embedding of the row (sparse)."""
+def model_fn(features, labels, mode, batch_norm=False):
+  """Two dense layers (batch norm between them), Momentum."""
   init = tf1.glorot_uniform_initializer
   h = tf1.layers.dense(features, 4, tf.nn.tanh, name="hidden",
                        kernel_initializer=init(seed=1))
+  if batch_norm:
+    h = tf1.layers.batch_normalization(h, training=True, name="norm")
   pred = tf1.layers.dense(h, 2, name="out", kernel_initializer=init(seed=2))
   loss = tf1.losses.mean_squared_error(labels, pred)
   opt = emg.TowerOptimizer(tf1.train.MomentumOptimizer(0.2, 0.9))
-  train_op = opt.minimize(loss, tf1.train.get_global_step())
+  with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+    train_op = opt.minimize(loss, tf1.train.get_global_step())
   return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
@@ -49,6 +53,8 @@ def parse(argv):
   parser.add_argument("--peer_timeout_secs", type=float, default=120.0)
   parser.add_argument("--accumulate_steps", type=int, default=1)
   parser.add_argument("--ema_decay", type=float, default=None)
+  parser.add_argument("--all_reduce", default=None)
+  parser.add_argument("--batch_norm", type=int, default=0)
   return parser.parse_args(argv)
 
 
@@ -60,11 +66,12 @@ def main(argv):
       model_dir=args.model_dir, tf_random_seed=1,
       session_config=emg.make_session_config(num_cpus=args.towers),
       save_checkpoints_steps=args.steps, log_step_count_steps=1)
-  fn = emg.multi_gpu(model_fn, devices=[f"/cpu:{i}" for i in
-                                        range(args.towers)],
-                     variable_update="replicated",
-                     accumulate_steps=args.accumulate_steps,
-                     ema_decay=args.ema_decay)
+  fn = emg.multi_gpu(
+      lambda features, labels, mode: model_fn(features, labels, mode,
+                                              bool(args.batch_norm)),
+      devices=[f"/cpu:{i}" for i in range(args.towers)],
+      accumulate_steps=args.accumulate_steps, ema_decay=args.ema_decay,
+      all_reduce=args.all_reduce, sync_batch_norm=bool(args.batch_norm))
   input_fn = lambda: tf.data.Dataset.from_tensors(  # noqa: E731
       (x[start:end], y[start:end])).repeat()
   emg.train_and_evaluate(

@@ -58,13 +58,14 @@ def wait_all(tasks, timeout=240):
   return {name: process.returncode for name, process, _ in tasks}
 
 
-def one_device(steps, initial_checkpoint, trajectory=None):
+def one_device(steps, initial_checkpoint, trajectory=None, batch_norm=False):
   """The unwrapped model_fn on all 7 rows, from the chief's start (its
   variables after each step are appended to `trajectory`)."""
   x, y = all_reduce_task.data()
   with tf.Graph().as_default():
     tf1.train.get_or_create_global_step()
-    spec = all_reduce_task.model_fn(tf.constant(x), tf.constant(y), "train")
+    spec = all_reduce_task.model_fn(tf.constant(x), tf.constant(y), "train",
+                                    batch_norm)
     variables = tf1.global_variables()
     names = [v.op.name for v in variables]
     with tf1.Session() as session:
@@ -85,16 +86,22 @@ def moving_average(initial, trajectory, name, decay):
   return shadow
 
 
-@pytest.mark.parametrize("rows,towers", [
-    (["0:4", "4:7"], 2),          # chief + 1 worker x 2 towers: 4 and 3.
-    (["0:3", "3:5", "5:7"], 1),   # chief + 2 workers x 1 tower: 3/2/2.
+@pytest.mark.parametrize("rows,towers,extra", [
+    # chief + 1 worker x 2 towers: 4 and 3 rows, one collective group.
+    (["0:4", "4:7"], 2, {"all_reduce": "collective"}),
+    # chief + 2 workers x 1 tower: 3/2/2 (the default, hierarchical).
+    (["0:3", "3:5", "5:7"], 1, {}),
+    # 2 towers per task, hierarchical by default; batch norm over every
+    # task's towers (sync_batch_norm across tasks).
+    (["0:4", "4:7"], 2, {"batch_norm": 1}),
 ])
-def test_all_reduce_job_equals_one_device(tmp_path, rows, towers):
+def test_all_reduce_job_equals_one_device(tmp_path, rows, towers, extra):
   steps = 4
-  codes = wait_all(start_job(tmp_path, rows, towers, steps))
+  codes = wait_all(start_job(tmp_path, rows, towers, steps, **extra))
   assert set(codes.values()) == {0}, codes
   chief = str(tmp_path / "chief0")
-  expected = one_device(steps, f"{chief}/model.ckpt-0")
+  expected = one_device(steps, f"{chief}/model.ckpt-0",
+                        batch_norm="batch_norm" in extra)
   reader = tf.train.load_checkpoint(chief)
   assert sorted(reader.get_variable_to_shape_map()) == sorted(expected)
   for name, value in expected.items():

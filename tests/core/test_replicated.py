@@ -310,8 +310,8 @@ def test_plan_log_names_the_replicated_mode(session_config, caplog):
   assert [r.getMessage() for r in caplog.records
           if "multi_gpu train" in r.getMessage()] == [
               "multi_gpu train: 3 towers on /cpu:0, /cpu:1, /cpu:2; "
-              "variables a copy per tower; gradients all-reduced by add_n; "
-              "global batch 5 -> per-tower batch [2, 2, 1]"]
+              "variables a copy per tower; gradients all-reduced by add_n in "
+              "buffers of 64 MiB; global batch 5 -> per-tower batch [2, 2, 1]"]
 
 
 @pytest.mark.parametrize("kind", ["get_variable", "layers", "keras",
