@@ -53,7 +53,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
                                  config)
     return _with_ema(spec, mode, options, None, config)
   cluster = _all_reduce_cluster(mode, config)
-  plan = _make_plan(options, config, cluster)
+  plan = _make_plan(options, config, cluster,
+                    keras=canned.trains_with_keras(model_fn))
   if plan.num_towers == 1 and not options.needs_towers and cluster is None:
     with tf.device(plan.devices[0]):
       spec = calling.call_model_fn(model_fn, features, labels, mode, params,
@@ -137,10 +138,11 @@ def _all_reduce_cluster(mode: str, config):
   return all_reduce_job.AllReduceCluster.from_run_config(config)
 
 
-def _make_plan(options: Options, config, cluster) -> plan_lib.Plan:
-  """The plan: the strategy the options name ("auto" resolved); in an
-  all-reduce cluster, on this task's devices, in a collective group of
-  every task's towers."""
+def _make_plan(options: Options, config, cluster,
+               keras: bool = False) -> plan_lib.Plan:
+  """The plan: the strategy the options name ("auto" resolved: shared
+  variables for a `keras` canned model_fn); in an all-reduce cluster, on
+  this task's devices, in a collective group of every task's towers."""
   plan = plan_lib.make_plan(
       options.groups, options.aggregation_device,
       getattr(config, "session_config", None))
@@ -156,7 +158,7 @@ def _make_plan(options: Options, config, cluster) -> plan_lib.Plan:
   strategy = strategies.choose(
       options.variable_update, options.synchronization,
       replicate=(cluster is not None or options.asks_for_all_reduce or
-                 (plan.gpu_towers >= 2 and not num_ps)))
+                 (plan.gpu_towers >= 2 and not num_ps and not keras)))
   plan = dataclasses.replace(
       plan, strategy=strategy.name,
       all_reduce=options.all_reduce or (

@@ -17,6 +17,10 @@ Only these two functions are patched, so any other unwrapped optimizer is
 still that error. Every tower builds its own optimizer object; only tower
 0's applies (the update chain applies each call's combined gradients with
 the optimizer that recorded tower 0's call), so its slots exist once.
+
+The TF2 classes' Keras optimizers apply once per step, so for their
+model_fn `variable_update="auto"` keeps shared variables on GPUs too
+(`trains_with_keras`): a copy per tower would apply them once per tower.
 """
 
 from __future__ import annotations
@@ -28,6 +32,24 @@ from estimator_multigpu.cross_tower import patching
 from estimator_multigpu.update import tower_optimizer
 
 _FUNCTIONS = ("get_optimizer_instance", "get_optimizer_instance_v2")
+_CANNED = "tensorflow_estimator.python.estimator.canned."
+
+
+def trains_with_keras(model_fn) -> bool:
+  """Whether `model_fn` is a TF2 canned estimator's (`est.model_fn`).
+
+  That function's closure holds the estimator; the TF2 classes
+  (`DNNClassifierV2`, ..., `tf.estimator.*`) build Keras optimizers, the v1
+  ones (`tf.compat.v1.estimator.*`) `tf.compat.v1.train` ones.
+  """
+  for cell in getattr(model_fn, "__closure__", None) or ():
+    try:
+      kind = type(cell.cell_contents)
+    except ValueError:  # an empty cell.
+      continue
+    if kind.__module__.startswith(_CANNED) and kind.__name__.endswith("V2"):
+      return True
+  return False
 _ORIGINALS: dict = {}
 
 

@@ -132,3 +132,25 @@ def test_cpu_towers_keep_shared_variables(session_config):
     fn(tf.constant(X), tf.constant(Y), "train", {},
        harness.config_for(session_config))
   assert not collectives_by_device(graph)
+
+
+def test_a_tf2_canned_estimator_keeps_shared_variables_on_gpus(monkeypatch):
+  # Its Keras optimizers apply once per step; "auto" must not give each GPU
+  # a copy (which would apply them once per tower): no collective, one set
+  # of variables, the canned optimizer's slots once.
+  monkeypatch.setattr(devices_lib, "num_visible_gpus", lambda: 8)
+  columns = [tf.feature_column.numeric_column("x", shape=[X.shape[1]])]
+  canned = tf.estimator.DNNClassifier(hidden_units=[3],
+                                      feature_columns=columns)
+  fn = emg.multi_gpu(canned.model_fn, devices=["/gpu:0", "/gpu:1"])
+  config = tf.estimator.RunConfig(session_config=tf1.ConfigProto(
+      allow_soft_placement=True))
+  graph = tf.Graph()
+  with graph.as_default():
+    tf1.train.get_or_create_global_step()
+    fn({"x": tf.constant(X)}, tf.constant([[0], [1], [0], [1], [1], [0],
+                                           [1]]), "train", {}, config)
+    names = [v.op.name for v in tf1.global_variables()]
+  assert not collectives_by_device(graph)
+  assert not [n for n in names if n.startswith("tower_")]
+  assert names.count("dnn/hiddenlayer_0/kernel/part_0/Adagrad") <= 1
