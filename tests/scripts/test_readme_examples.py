@@ -65,6 +65,10 @@ BLOCKS = (
           "devices=2, variable_update=", skip=(
               "needs a cluster (TF_CONFIG) and a gs:// bucket; tests/cluster "
               "runs emg.train_and_evaluate")),
+    Block("canned = tf.estimator.DNNClassifier(", skip=(
+        "needs the user's feature columns and GPUs; tests/core/"
+        "test_canned_estimators.py runs the four canned estimators on "
+        "virtual CPU towers against one device")),
     Block("config = tf.estimator.RunConfig(", after=("import tensorflow as "
                                                    "tf\nimport estimator",)),
     Block("@emg.multi_gpu(devices=[[", needs_gpus=4, after=(
