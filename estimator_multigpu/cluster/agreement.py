@@ -44,9 +44,9 @@ def graph_description(graph: tf.Graph) -> dict:
   """{setting: value} the package reads from a training graph."""
   described = {f"variable {v.op.name}": v.shape.as_list()
                for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)}
-  updates = sorted(_update(op) for op in graph.get_operations()
-                   if _UPDATE_OP.match(op.type))
-  described["optimizer updates"] = _counted(updates)
+  described["optimizer updates"] = sorted({
+      _update(op) for op in graph.get_operations()
+      if _UPDATE_OP.match(op.type)})
   towers = {int(m.group(1)) for op in graph.get_operations()
             for m in [_TOWER.match(op.name)] if m}
   described["towers per task"] = max(towers, default=0) + 1
@@ -63,12 +63,6 @@ def _update(op: tf.Operation) -> str:
     if value is not None and getattr(value, "size", 1) == 1:
       constants.append(f"{name}={float(value):.6g}")
   return f"{op.type}({', '.join(constants)})"
-
-
-def _counted(items: list) -> list:
-  """["A x3", "B"]: each distinct item once, with its count."""
-  return [f"{item} x{items.count(item)}" if items.count(item) > 1 else item
-          for item in sorted(set(items))]
 
 
 def first_difference(mine: dict, theirs: dict) -> Optional[tuple]:

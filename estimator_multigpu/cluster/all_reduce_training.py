@@ -105,8 +105,9 @@ def run_task(estimator: tf.estimator.Estimator,
   guard = job_guard.JobGuard(cluster, server.target, estimator.model_dir,
                              peer_timeout_secs, names, settings,
                              setting_names)
-  with health.PeerWatch(peers(cluster, guard.names), peer_timeout_secs) as (
-      watch), guard, _current(guard):
+  with health.PeerWatch(peers(cluster, guard.names), peer_timeout_secs,
+                        on_dead=guard.peer_gone) as watch, guard, _current(
+                            guard):
     guard.watch_stop(stop_received, grace_secs)
     if not guard.greet(max_steps):
       return None

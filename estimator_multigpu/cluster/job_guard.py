@@ -36,6 +36,7 @@ tf1 = tf.compat.v1
 
 TOKEN_VARIABLE = "EMG_JOB_TOKEN"
 _LINGER_SECS = 10.0  # an ending chief keeps the board up for late readers.
+_END_LINGER_SECS = 2.5  # > 2 beats: every peer reads why the chief ended.
 
 
 class JobGuard:
@@ -140,7 +141,20 @@ class JobGuard:
       pass  # the chief is gone: the peers find that out themselves.
     if linger and self._cluster.is_chief:
       self._linger(linger)
+    elif self._cluster.is_chief:  # the peers' next read finds the line.
+      time.sleep(_END_LINGER_SECS)
     job_watch.end_task(line, status)
+
+  def peer_gone(self, line: str) -> None:
+    """`health.PeerWatch`'s end: a peer that posted why it ended is named
+    by its own line, else by `line`."""
+    try:
+      ended = [entry["line"] for key, entry in
+               sorted(self.board.read("end/").items())
+               if key != f"end/{self.me}"]
+    except tf.errors.OpError:
+      ended = []
+    self.end(ended[0] if ended else line)
 
   def stopped(self, signal_number: int) -> None:
     """After a stop signal, once this task's training returned: tells the
