@@ -134,7 +134,10 @@ class JobGuard:
 
   def end(self, line: str, status: int = 1,
           linger: Optional[str] = None) -> None:
-    """Posts why this task ends, logs the line, exits with `status`."""
+    """Posts why this task ends, logs the line, exits with `status` (the
+    first caller only: another thread's end waits for the exit)."""
+    if not job_watch.claim_end():
+      job_watch.wait_for_exit()
     try:
       self.board.post(f"end/{self.me}", {"line": line})
     except tf.errors.OpError:
@@ -143,7 +146,7 @@ class JobGuard:
       self._linger(linger)
     elif self._cluster.is_chief:  # the peers' next read finds the line.
       time.sleep(_END_LINGER_SECS)
-    job_watch.end_task(line, status)
+    job_watch.log_and_exit(line, status)
 
   def peer_gone(self, line: str) -> None:
     """`health.PeerWatch`'s end: a peer that posted why it ended is named
@@ -166,7 +169,9 @@ class JobGuard:
     try:
       self.board.post(f"end/{self.me}", {"line": line})
     except tf.errors.OpError:
-      pass
+      return
+    if self._cluster.is_chief:  # the peers' next read finds the line.
+      time.sleep(_END_LINGER_SECS)
 
   def watch_stop(self, received, grace_secs: float) -> None:
     """Ends the task `grace_secs` after `received()` first names a signal,

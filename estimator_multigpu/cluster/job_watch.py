@@ -180,9 +180,29 @@ class JobWatch:
     return self._names.get(task, task)
 
 
+_ENDING = threading.Lock()
+
+
+def claim_end() -> bool:
+  """Whether this caller is the first to end the process (one line only);
+  any later caller should wait for the exit (`wait_for_exit`)."""
+  return _ENDING.acquire(blocking=False)
+
+
+def wait_for_exit() -> None:
+  """Blocks this thread: another one is ending the process."""
+  threading.Event().wait()
+
+
 def end_task(line: str, status: int = 1) -> None:
   """Logs `line` as the task's last, then ends the process at once (a
   process holding a gRPC server can hang in TensorFlow's teardown)."""
+  if not claim_end():
+    wait_for_exit()
+  log_and_exit(line, status)
+
+
+def log_and_exit(line: str, status: int) -> None:
   from estimator_multigpu.cluster.task import exit_process  # pylint: disable=g-import-not-at-top
   logging.error("%s", line)
   exit_process(status)
