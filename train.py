@@ -60,6 +60,7 @@ from cli import model_dir_check
 from cli import optimization_checks
 from cli import run_checks
 from cli import run_record
+from cli import run_settings
 from cli import run_setup
 from cli import settings as settings_lib
 from cli import train_checks
@@ -69,6 +70,7 @@ FLAG_GROUPS = (cli_flags.shared, cli_flags.training, cli_flags.fine_tuning,
                cli_flags.cluster)
 cli_flags.define(*FLAG_GROUPS, data_checks=True)
 Settings = settings_lib.TrainSettings
+NOTHING_LEFT = -1  # `train`: an all-reduce job's chief was at --max_steps.
 
 
 def classifier_config(settings: Settings, num_classes: int,
@@ -205,7 +207,8 @@ def make_estimator(settings: Settings, task: Optional[cluster.Task],
 def train(settings: Settings, estimator: tf.estimator.Estimator,
           task: Optional[cluster.Task], towers: run_setup.Towers, input_fn,
           setup: run_setup.ModelSetup) -> Optional[int]:
-  """Trains here or as a cluster trainer; returns the stopping signal."""
+  """Trains here or as a cluster trainer; returns the stopping signal
+  (NOTHING_LEFT: an all-reduce job had nothing left to train)."""
   model_dir, max_steps = settings.run.model_dir, settings.optimization.max_steps
   logging.info("Training %s on %s: global batch %d over %d towers to step "
                "%d -> %s", setup.model_name, setup.dataset_name,
@@ -216,21 +219,23 @@ def train(settings: Settings, estimator: tf.estimator.Estimator,
                setup.model_name, len(towers.devices),
                " with synchronized batch norm"
                if settings.multi_gpu.sync_batch_norm else "")
-  on_blocked = None if task is None else (
-      lambda number, secs: job_control.abandon(task, number, secs))
   with hooks.SignalStop(blocked_secs=settings.run.stop_grace_secs,
-                        on_blocked=on_blocked) as stop:
+                        on_blocked=_on_blocked(task)) as stop:
     def train_with(extra_hooks):
       estimator.train(
           input_fn, max_steps=max_steps,
           hooks=[hooks.NonFiniteLossHook(model_dir), stop.hook(),
                  *extra_hooks],
           saving_listeners=[hooks.FiniteCheckpointListener(model_dir)])
+      return True
     if task is None:
       train_with([])
     elif task.all_reduce:
-      all_reduce_training.run_task(estimator, lambda: train_with([]),
-                                   settings.cluster.peer_timeout_secs)
+      if not all_reduce_training.run_task(
+          estimator, train_with, settings.cluster.peer_timeout_secs,
+          **_all_reduce_options(settings, task, towers, estimator),
+          stop_received=lambda: stop.received):
+        return NOTHING_LEFT
     else:
       job_control.run_trainer(task, train_with,
                               sync_replicas=settings.cluster.sync_replicas,
@@ -238,6 +243,28 @@ def train(settings: Settings, estimator: tf.estimator.Estimator,
                               ps_wait_secs=settings.cluster.ps_wait_secs,
                               stop_requested=lambda: stop.received is not None)
   return stop.received
+
+
+def _on_blocked(task: Optional[cluster.Task]):
+  """What a stop signal whose step does not end within the grace does."""
+  if task is None:
+    return None
+  if task.all_reduce:
+    return all_reduce_training.abandon
+  return lambda number, secs: job_control.abandon(task, number, secs)
+
+
+def _all_reduce_options(settings: Settings, task: cluster.Task,
+                        towers: run_setup.Towers,
+                        estimator: tf.estimator.Estimator) -> dict:
+  """`run_task`'s options for train.py: the settings every task must share
+  (cli/run_settings.py), the tasks' names as started, the grace time."""
+  shared = run_settings.across_tasks(
+      settings, estimator.params["classifier"], len(towers.devices))
+  return dict(max_steps=settings.optimization.max_steps,
+              names=cluster_task.task_names(
+                  task, settings.cluster.worker_hosts is not None),
+              settings=shared, grace_secs=settings.run.stop_grace_secs)
 
 
 def evaluate(settings: Settings, estimator: tf.estimator.Estimator,
@@ -364,6 +391,8 @@ def check_towers(settings: Settings, planned: Plan, steps: int = 2) -> None:
 def finish(task: Optional[cluster.Task], settings: Settings,
            estimator: tf.estimator.Estimator, received: Optional[int]) -> int:
   """The last line of a trainer, and its exit status (128 + signal)."""
+  if received == NOTHING_LEFT:  # the line is logged.
+    return 0
   if received is None:
     log_done(task, settings)
     return 0

@@ -91,3 +91,15 @@ def check_tf_config(tf_config: Optional[str]) -> None:
   except ValueError as error:
     raise ValueError(f"{error}. For a run on this machine only, unset "
                      "TF_CONFIG (unset TF_CONFIG in the shell).") from error
+
+
+def task_names(task: cluster.Task, by_flags: bool) -> dict:
+  """{task ("worker:0"): how it was started}, for the messages: with the
+  classic flags worker i is `--task_index=i` (0: the chief), so TF_CONFIG's
+  `worker:0` is `worker --task_index=1`."""
+  trainers = task.trainers
+  if not by_flags:
+    return {name: name for name in trainers}
+  return {name: (f"worker --task_index={number}"
+                 f"{' (the chief)' if number == 0 else ''}")
+          for number, name in enumerate(trainers)}

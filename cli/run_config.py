@@ -19,15 +19,16 @@ import os
 from typing import Optional
 
 import classifier
+from cli import run_settings
 
 FILENAME = "run_config.json"
 FORMAT_VERSION = 1
-MUST_MATCH = ("model_name", "num_classes")  # or the checkpoints won't load.
+# The rules live in one table (`cli.run_settings`), which the tasks of an
+# all-reduce job read too.
+MUST_MATCH = run_settings.names(on_resume=run_settings.MUST_MATCH)
 # Compared on a resume, with the settings of the current optimizer
 # (`classifier.OPTIMIZER_SETTINGS`).
-SCHEDULE_FIELDS = ("optimizer", "learning_rate", "learning_rate_decay_type",
-                   "decay_steps", "decay_rate", "end_learning_rate",
-                   "warmup_steps", "staircase")
+SCHEDULE_FIELDS = run_settings.names(schedule=True)
 # Flags whose value a ClassifierConfig field holds under the same name.
 SCHEDULE_FLAGS = {"decay_steps": "decay_steps"}
 

@@ -115,7 +115,7 @@ class RunSettings:
   save_checkpoints_secs: Optional[int] = None
   save_summary_steps: int = 100
   min_free_disk_mb: int = 50
-  stop_grace_secs: int = 60
+  stop_grace_secs: int = 30
   log_every_n_steps: Optional[int] = None
   scaling_report: bool = True
   check_towers: bool = False

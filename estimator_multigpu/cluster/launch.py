@@ -9,7 +9,10 @@ With `--num_ps 0` it starts an all-reduce job (a chief and workers; pass
 Every task runs `python <script> <flags after -->` plus its cluster flags
 (`--ps_hosts`, `--worker_hosts`, `--job_name`, `--task_index`; worker 0 is
 the chief), or with `--tf_config` the same cluster in a TF_CONFIG environment
-variable. Addresses are free loopback ports. Each task writes
+variable. Addresses are free loopback ports (TensorFlow's servers still
+listen on every interface: one WARNING line says so), and every task gets
+the same job token (`EMG_JOB_TOKEN`), so a task of another job is refused by
+name. Each task writes
 `<log_dir>/<job>_<index>.log`. The launcher waits for the job, stops every
 process it started that is still running, prints one line per task, each
 evaluator's final metrics line (`accuracy=... global_step=...`, the last
@@ -25,6 +28,7 @@ import argparse
 import dataclasses
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -37,6 +41,7 @@ from absl import logging
 
 from estimator_multigpu import cluster
 
+TOKEN_VARIABLE = "EMG_JOB_TOKEN"  # cluster.job_guard's job token.
 _OWN_FLAGS = ("--ps_hosts", "--worker_hosts", "--job_name", "--task_index")
 # evaluation.format_metrics' line: key=value pairs, one of them global_step.
 _METRICS_LINE = re.compile(r"^(\S+=\S+ )*global_step=\S+( \S+=\S+)*$")
@@ -103,6 +108,12 @@ def start_cluster(tasks: list, script: str, script_args: list, num_ps: int,
   """
   ports = free_ports(num_ps + num_workers)
   hosts = [f"localhost:{port}" for port in ports]
+  logging.warning(
+      "Ports %s: TensorFlow's servers listen on every interface, not only "
+      "localhost, and run any graph sent to them; keep this machine's ports "
+      "firewalled (README: Who can reach the job).",
+      ",".join(str(port) for port in ports))
+  token = {TOKEN_VARIABLE: secrets.token_hex(8)}  # tells this job apart.
   ps_hosts, worker_hosts = hosts[:num_ps], hosts[num_ps:]
   jobs = ([(cluster.PS, i) for i in range(num_ps)] +
           [(cluster.WORKER, i) for i in range(num_workers)])
@@ -111,7 +122,8 @@ def start_cluster(tasks: list, script: str, script_args: list, num_ps: int,
   for job, index in jobs:
     flags, env = task_flags(ps_hosts, worker_hosts, job, index, use_tf_config)
     command = [sys.executable, script, *script_args, *flags]
-    tasks.append(start_task(command, env, f"{job}_{index}", job, log_dir))
+    tasks.append(start_task(command, {**env, **token}, f"{job}_{index}", job,
+                            log_dir))
 
 
 def first_failure(tasks: list) -> Optional[TaskProcess]:

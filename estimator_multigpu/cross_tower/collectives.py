@@ -294,3 +294,22 @@ def _gather(tensor, group: Group, instance_key: int) -> tf.Tensor:
 
 
 _LAUNCHERS = {"sum": _sum, "gather": _gather}
+
+
+CLUSTER_KEYS_START = 1_000_000_001
+
+
+def restart_keys(start: int = CLUSTER_KEYS_START) -> None:
+  """Numbers the keys of the graphs built from now on from `start`.
+
+  Every task of an all-reduce job calls this before building its training
+  graph, so the tasks number that graph's collectives alike, whatever other
+  graphs each built before (a resumed chief builds one to check its
+  checkpoint; the process-wide counter would then be ahead on the chief and
+  the first collective would wait for a key no other task uses). Call it
+  once per process, before the only graph that runs collectives on the
+  task's server.
+  """
+  global _KEYS  # pylint: disable=global-statement
+  with _LOCK:
+    _KEYS = itertools.count(start=start)

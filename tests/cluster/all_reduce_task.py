@@ -13,6 +13,7 @@ with `sync_batch_norm=True` (moments over every task's towers).
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -55,7 +56,49 @@ def parse(argv):
   parser.add_argument("--ema_decay", type=float, default=None)
   parser.add_argument("--all_reduce", default=None)
   parser.add_argument("--batch_norm", type=int, default=0)
+  # Faults and slow phases (test_all_reduce_faults.py).
+  parser.add_argument("--build_delay_secs", type=float, default=0)
+  parser.add_argument("--pause_at_step", type=int, default=-1)
+  parser.add_argument("--pause_secs", type=float, default=0)
+  parser.add_argument("--stuck_at_step", type=int, default=-1)
   return parser.parse_args(argv)
+
+
+class Pause(tf1.train.SessionRunHook):
+  """Sleeps between two steps, as a long save or evaluation would."""
+
+  def __init__(self, step, secs):
+    self._step, self._secs, self._steps = step, secs, 0
+
+  def after_run(self, run_context, run_values):
+    self._steps += 1
+    if self._steps == self._step:
+      time.sleep(self._secs)
+
+
+def slow(model_fn, secs):
+  """`model_fn` after `secs` of sleep: a graph that takes long to build."""
+  def build(features, labels, mode):
+    time.sleep(secs)
+    return model_fn(features, labels, mode)
+  return build
+
+
+def stuck_at(dataset, step):
+  """The input hangs in the `step`-th batch (1-based) of this task."""
+  if step < 1:
+    return dataset
+  counter = {"batches": 0}
+
+  def count(x):
+    counter["batches"] += 1
+    while counter["batches"] == step:
+      time.sleep(1)
+    return x
+
+  return dataset.map(lambda x, y: (tf.numpy_function(
+      count, [x], tf.float32, stateful=True), y)).map(
+          lambda x, y: (tf.ensure_shape(x, [None, 3]), y))
 
 
 def main(argv):
@@ -67,16 +110,18 @@ def main(argv):
       session_config=emg.make_session_config(num_cpus=args.towers),
       save_checkpoints_steps=args.steps, log_step_count_steps=1)
   fn = emg.multi_gpu(
-      lambda features, labels, mode: model_fn(features, labels, mode,
-                                              bool(args.batch_norm)),
+      slow(lambda features, labels, mode: model_fn(features, labels, mode,
+                                                   bool(args.batch_norm)),
+           args.build_delay_secs),
       devices=[f"/cpu:{i}" for i in range(args.towers)],
       accumulate_steps=args.accumulate_steps, ema_decay=args.ema_decay,
       all_reduce=args.all_reduce, sync_batch_norm=bool(args.batch_norm))
-  input_fn = lambda: tf.data.Dataset.from_tensors(  # noqa: E731
-      (x[start:end], y[start:end])).repeat()
+  input_fn = lambda: stuck_at(tf.data.Dataset.from_tensors(  # noqa: E731
+      (x[start:end], y[start:end])).repeat(), args.stuck_at_step)
   emg.train_and_evaluate(
       tf.estimator.Estimator(fn, config=config),
-      tf.estimator.TrainSpec(input_fn, max_steps=args.steps),
+      tf.estimator.TrainSpec(input_fn, max_steps=args.steps, hooks=[
+          Pause(args.pause_at_step, args.pause_secs)]),
       tf.estimator.EvalSpec(input_fn, steps=1),
       peer_timeout_secs=args.peer_timeout_secs)
 

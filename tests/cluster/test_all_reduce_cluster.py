@@ -23,6 +23,8 @@ from estimator_multigpu.cluster import launch
 
 tf1 = tf.compat.v1
 TASK = os.path.join(os.path.dirname(__file__), "all_reduce_task.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
 pytestmark = pytest.mark.slow
 
 
@@ -34,8 +36,9 @@ def start_job(tmp_path, rows_per_task, towers, steps, **extra):
   names = [("chief", 0)] + [("worker", i) for i in range(len(ports) - 1)]
   tasks = []
   for (job, index), rows in zip(names, rows_per_task):
-    env = dict(os.environ, TF_CONFIG=json.dumps(
-        {"cluster": cluster, "task": {"type": job, "index": index}}))
+    env = dict(os.environ, TF_CONFIG=json.dumps(  # this checkout's package.
+        {"cluster": cluster, "task": {"type": job, "index": index}}),
+               PYTHONPATH=ROOT)
     log = tmp_path / f"{job}{index}.log"
     args = [sys.executable, TASK, f"--towers={towers}", f"--rows={rows}",
             f"--model_dir={tmp_path / f'{job}{index}'}", f"--steps={steps}"]

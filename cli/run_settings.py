@@ -1,0 +1,119 @@
+"""One description of a training run's settings, each with its rule.
+
+Two checks read this table: the tasks of an all-reduce job compare the
+settings marked `across_tasks` before their first step
+(`estimator_multigpu.cluster.agreement`), and a resumed run compares its
+settings with the model dir's `run_config.json` (`cli.run_config`): those
+marked `MUST_MATCH` stop it (the checkpoints would not load), those marked
+`MAY_CHANGE` may change (e.g. a larger --max_steps, another learning rate;
+`schedule` ones are reported in a WARNING).
+
+Each value is read from the run's resolved classifier configuration
+(`classifier.ClassifierConfig`, after a resume read its record) or from a
+group of train.py's settings (`cli.settings.TrainSettings`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import classifier
+
+MUST_MATCH = "must match on resume"
+MAY_CHANGE = "may change on resume"
+CLASSIFIER = "classifier"  # read from the ClassifierConfig.
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """A setting: its name, where its value is, and its rules.
+
+  Attributes:
+    name: the field's name (in the ClassifierConfig or its settings group).
+    source: CLASSIFIER, or the `TrainSettings` group holding it.
+    across_tasks: every task of an all-reduce job must have the same value.
+    on_resume: MUST_MATCH or MAY_CHANGE.
+    schedule: part of the learning-rate schedule (a resume reports changes).
+    flag: the flag that sets it (default: `name`).
+  """
+  name: str
+  source: str
+  across_tasks: bool
+  on_resume: str = MAY_CHANGE
+  schedule: bool = False
+  flag: Optional[str] = None
+
+  @property
+  def flag_name(self) -> str:
+    return f"--{self.flag or self.name}"
+
+
+def _optimizer_settings() -> tuple:
+  names = sorted({name for settings in classifier.OPTIMIZER_SETTINGS.values()
+                  for name in settings})
+  return tuple(Setting(name, CLASSIFIER, True) for name in names)
+
+
+SETTINGS = (
+    Setting("model_name", CLASSIFIER, True, MUST_MATCH),
+    Setting("num_classes", CLASSIFIER, True, MUST_MATCH),
+    Setting("weight_decay", CLASSIFIER, True),
+    Setting("label_smoothing", CLASSIFIER, True),
+    Setting("optimizer", CLASSIFIER, True, schedule=True),
+    Setting("learning_rate", CLASSIFIER, True, schedule=True),
+    Setting("learning_rate_decay_type", CLASSIFIER, True, schedule=True),
+    Setting("decay_steps", CLASSIFIER, True, schedule=True),
+    Setting("decay_rate", CLASSIFIER, True, schedule=True,
+            flag="learning_rate_decay_factor"),
+    Setting("end_learning_rate", CLASSIFIER, True, schedule=True),
+    Setting("warmup_steps", CLASSIFIER, True, schedule=True),
+    Setting("staircase", CLASSIFIER, True, schedule=True),
+    Setting("trainable_scopes", CLASSIFIER, True),
+    *_optimizer_settings(),
+    Setting("batch_size", "data", True),
+    Setting("dataset_name", "data", True),
+    Setting("image_size", "model", True),
+    Setting("moving_average_decay", "multi_gpu", True),
+    Setting("clip_gradients_by_norm", "multi_gpu", True),
+    Setting("variable_update", "multi_gpu", True),
+    Setting("sync_batch_norm", "multi_gpu", True),
+    Setting("accumulate_steps", "multi_gpu", True),
+    Setting("mixed_precision", "multi_gpu", True),
+    Setting("max_steps", "optimization", True),
+    Setting("model_dir", "run", True),
+    Setting("save_checkpoints_steps", "run", False),
+    Setting("random_seed", "run", False),
+)
+TOWERS = "towers per task"  # compared across tasks too (`across_tasks`).
+
+
+def names(on_resume: Optional[str] = None, schedule: Optional[bool] = None
+          ) -> tuple:
+  """The names of the settings with these rules, in table order."""
+  return tuple(s.name for s in SETTINGS
+               if on_resume in (None, s.on_resume) and
+               schedule in (None, s.schedule))
+
+
+def across_tasks(settings, config: classifier.ClassifierConfig,
+                 towers_per_task: int) -> dict:
+  """{flag: value} of every setting the tasks of a job must share.
+
+  Args:
+    settings: train.py's `TrainSettings`.
+    config: the run's resolved ClassifierConfig.
+    towers_per_task: this task's towers.
+  """
+  values = {TOWERS: towers_per_task}
+  for setting in SETTINGS:
+    if setting.across_tasks:
+      source = (config if setting.source == CLASSIFIER else
+                getattr(settings, setting.source))
+      values[setting.flag_name] = _plain(getattr(source, setting.name))
+  return values
+
+
+def _plain(value):
+  """A JSON value that compares equal after a round trip."""
+  return list(value) if isinstance(value, tuple) else value

@@ -1,0 +1,88 @@
+"""A job's notice board: small JSON entries kept on the chief's server.
+
+The tasks of an all-reduce job have no ps to hold their control queues, but
+every task's gRPC server runs ops for the others. The board is one table
+(a `MutableHashTable` with a shared name, int64 key -> JSON text) on the
+chief's CPU; every task writes its own entries into it and reads them all
+through a side session on its own server, each call bounded by a timeout.
+It carries what must not wait on a collective: each task's heartbeat and
+step count (`job_watch`), the settings the tasks compare before their first
+step (`agreement`), and why a task ended.
+
+An entry is `{"key": "beat/worker:0", ...}`; its table key is a stable
+64-bit hash of that name (the table has no string -> string kernel).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Optional
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+SHARED_NAME = "estimator_multigpu_board"
+TIMEOUT_SECS = 5.0
+
+
+def table_key(name: str) -> int:
+  """The table's key of entry `name`: a stable, positive 63-bit hash."""
+  return int.from_bytes(hashlib.sha1(name.encode()).digest()[:8],
+                        "big") >> 1
+
+
+class Board:
+  """This task's handle on the board (thread-safe; never closed: a session
+  on a peer that went away can block in `close`).
+
+  Args:
+    target: this task's own server (`server.target`).
+    own_device: this task (`/job:worker/replica:0/task:0`).
+    chief_device: the chief task, which holds the table.
+    timeout_secs: how long one read or write may take.
+  """
+
+  def __init__(self, target: str, own_device: str, chief_device: str,
+               timeout_secs: float = TIMEOUT_SECS):
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(f"{chief_device}/device:CPU:0"):
+      table = tf.raw_ops.MutableHashTableV2(
+          key_dtype=tf.int64, value_dtype=tf.string, shared_name=SHARED_NAME,
+          use_node_name_sharing=False)
+      self._key = tf1.placeholder(tf.int64, [])
+      self._value = tf1.placeholder(tf.string, [])
+      self._insert = tf.raw_ops.LookupTableInsertV2(
+          table_handle=table, keys=self._key, values=self._value)
+      self._export = tf.raw_ops.LookupTableExportV2(
+          table_handle=table, Tkeys=tf.int64, Tvalues=tf.string)[1]
+    graph.finalize()
+    config = tf1.ConfigProto(device_filters=sorted({own_device,
+                                                    chief_device}))
+    self._session = tf1.Session(target, graph=graph, config=config)
+    self._options = tf1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
+
+  def post(self, name: str, entry: dict) -> None:
+    """Writes (replaces) entry `name`.
+
+    Raises:
+      tf.errors.OpError: the chief's server did not answer in time.
+    """
+    text = json.dumps({**entry, "key": name}, sort_keys=True)
+    self._session.run(self._insert, {self._key: table_key(name),
+                                     self._value: text},
+                      options=self._options)
+
+  def read(self, prefix: Optional[str] = None) -> dict:
+    """{name: entry} of every entry (whose name starts with `prefix`).
+
+    Raises:
+      tf.errors.OpError: the chief's server did not answer in time.
+    """
+    entries = {}
+    for text in self._session.run(self._export, options=self._options):
+      entry = json.loads(text)
+      if prefix is None or entry["key"].startswith(prefix):
+        entries[entry.pop("key")] = entry
+    return entries

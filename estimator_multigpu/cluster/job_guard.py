@@ -1,0 +1,249 @@
+"""What keeps an all-reduce task from hanging or training wrongly.
+
+`JobGuard` wraps one task's training (`all_reduce_training.run_task`):
+
+- the job's board on the chief's server (`board`) and the heartbeat watch
+  (`job_watch.JobWatch`): a stopped or stuck peer ends every task;
+- before anything is built, a first exchange (`agreement`) of the job's
+  identity (cluster lists, job token) and the caller's settings,
+  plus the chief's newest checkpoint step: a task of another job or with
+  other settings is refused by name, and when the chief is already at
+  `max_steps` every task says so in one line and returns;
+- in the training graph's `begin` (built, no session yet, no collective
+  run), a second exchange of what the graph holds (`graph` round);
+- a stop signal: a task posts why it stopped, so its peers, waiting for it
+  in the all-reduce, end at once with the same line; a task whose step does
+  not finish within the grace time leaves without a final checkpoint
+  (`abandon`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Optional
+
+from absl import logging
+import tensorflow as tf
+
+from estimator_multigpu.cluster import agreement
+from estimator_multigpu.cluster import board as board_lib
+from estimator_multigpu.cluster import job_watch
+
+tf1 = tf.compat.v1
+
+TOKEN_VARIABLE = "EMG_JOB_TOKEN"
+_LINGER_SECS = 10.0  # an ending chief keeps the board up for late readers.
+_END_LINGER_SECS = 2.5  # > 2 beats: every peer reads why the chief ended.
+
+
+class JobGuard:
+  """One all-reduce task's guard (a context manager around training).
+
+  Args:
+    cluster: the task's `all_reduce_job.AllReduceCluster`.
+    target: this task's server target.
+    model_dir: the Estimator's model dir.
+    timeout_secs: `peer_timeout_secs`.
+    names: {task ("worker:0"): how it was started}; default the task name.
+    settings: {setting: value} every task must share (JSON values).
+    setting_names: {setting: how the user sets it (a flag)}.
+  """
+
+  def __init__(self, cluster, target: str, model_dir: str,
+               timeout_secs: float, names: Optional[dict] = None,
+               settings: Optional[dict] = None,
+               setting_names: Optional[dict] = None):
+    self.tasks = [_task_name(device) for device in cluster.tasks]
+    self.me = self.tasks[cluster.position]
+    self.names = {task: (names or {}).get(task, task) for task in self.tasks}
+    self._cluster, self._model_dir = cluster, model_dir
+    self._timeout, self._settings = timeout_secs, dict(settings or {})
+    self._setting_names = setting_names
+    self.board = board_lib.Board(target, cluster.tasks[cluster.position],
+                                 cluster.leader)
+    self.progress = job_watch.Progress()
+    self._watch = job_watch.JobWatch(self.board, self.me, self.names,
+                                     self.progress, timeout_secs,
+                                     on_end=self.end)
+
+  def __enter__(self) -> "JobGuard":
+    self._watch.__enter__()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self._watch.__exit__(*exc_info)
+
+  @property
+  def wait_secs(self) -> float:
+    """How long an exchange waits for peers still starting (building a
+    large graph takes minutes); a dead one ends the job sooner."""
+    return max(10 * self._timeout, 600.0)
+
+  def identity(self) -> dict:
+    """What tells this job apart: the cluster lists and the job token (a
+    guard against mistakes, not authentication)."""
+    return {"cluster": self._cluster.cluster,
+            "job token": os.environ.get(TOKEN_VARIABLE, "(none)")}
+
+  def greet(self, max_steps: Optional[int]) -> bool:
+    """The first exchange; False when the chief has nothing left to train
+    (every task then logs one line and should return).
+
+    Ends the task (status 1, one line) when a task disagrees.
+    """
+    mine = {"identity": self.identity(), "settings": self._settings}
+    posted = self._exchange("hello", mine)
+    step = posted[self.tasks[0]].get("chief step")
+    if max_steps is None or step is None or step < max_steps:
+      return True
+    logging.warning(
+        "The chief's model dir %s is already at step %d, at or past "
+        "--max_steps=%d: nothing to train (%s). Give a larger --max_steps "
+        "to train on.", self._model_dir, step, max_steps, self.name())
+    if self._cluster.is_chief:
+      self._linger("hello")
+    return False
+
+  def hooks(self) -> list:
+    """The hooks to run first in the task's `Estimator.train`."""
+    return [job_watch.ProgressHook(self.progress), _GraphCheck(self)]
+
+  def check_graph(self, graph: tf.Graph) -> None:
+    """The second exchange: what the training graph holds."""
+    self._exchange("graph", {"graph": agreement.graph_description(graph)})
+
+  def _exchange(self, round_name: str, mine: dict) -> dict:
+    if self._cluster.is_chief and round_name == "hello":
+      mine["chief step"] = _checkpoint_step(self._model_dir)
+    try:
+      return agreement.exchange(
+          lambda entry: self.board.post(f"{round_name}/{self.me}", entry),
+          lambda: _by_task(self.board.read(f"{round_name}/")), self.me,
+          self.tasks, mine, self.wait_secs, self.names, self._setting_names)
+    except agreement.DisagreementError as error:
+      self.end(str(error), linger=round_name)
+    except (TimeoutError, tf.errors.OpError) as error:
+      self.end(f"{self.name()}: {_message(error)}")
+    raise AssertionError("unreachable")  # `end` exits.
+
+  def name(self, task: Optional[str] = None) -> str:
+    return self.names[task or self.me]
+
+  def end(self, line: str, status: int = 1,
+          linger: Optional[str] = None) -> None:
+    """Posts why this task ends, logs the line, exits with `status` (the
+    first caller only: another thread's end waits for the exit)."""
+    if not job_watch.claim_end():
+      job_watch.wait_for_exit()
+    try:
+      self.board.post(f"end/{self.me}", {"line": line})
+    except tf.errors.OpError:
+      pass  # the chief is gone: the peers find that out themselves.
+    if linger and self._cluster.is_chief:
+      self._linger(linger)
+    elif self._cluster.is_chief:  # the peers' next read finds the line.
+      time.sleep(_END_LINGER_SECS)
+    job_watch.log_and_exit(line, status)
+
+  def peer_gone(self, line: str) -> None:
+    """`health.PeerWatch`'s end: a peer that posted why it ended is named
+    by its own line, else by `line`."""
+    try:
+      ended = [entry["line"] for key, entry in
+               sorted(self.board.read("end/").items())
+               if key != f"end/{self.me}"]
+    except tf.errors.OpError:
+      ended = []
+    self.end(ended[0] if ended else line)
+
+  def stopped(self, signal_number: int) -> None:
+    """After a stop signal, once this task's training returned: tells the
+    peers (still waiting for it in the all-reduce) why the job ends."""
+    line = (f"task {self.name()} stopped on {_signal_name(signal_number)} "
+            f"after step {self.progress.steps} of this run; the job ends "
+            "(restart every task to resume from the chief's newest "
+            "checkpoint).")
+    try:
+      self.board.post(f"end/{self.me}", {"line": line})
+    except tf.errors.OpError:
+      return
+    if self._cluster.is_chief:  # the peers' next read finds the line.
+      time.sleep(_END_LINGER_SECS)
+
+  def watch_stop(self, received, grace_secs: float) -> None:
+    """Ends the task `grace_secs` after `received()` first names a signal,
+    should it still be running then (a final save or a teardown that
+    hangs): whatever its state, a stopped task exits within the grace."""
+    def watch():
+      while received() is None:
+        time.sleep(agreement.POLL_SECS)
+      time.sleep(grace_secs)
+      self.abandon(received(), grace_secs)
+    threading.Thread(target=watch, daemon=True, name="stop-grace").start()
+
+  def abandon(self, signal_number: int, waited_secs: float) -> None:
+    """A stop signal whose step did not finish in time: leave without a
+    final checkpoint (the newest one stands)."""
+    line = (f"{self.name()}: {_signal_name(signal_number)} arrived "
+            f"{waited_secs:.0f} s ago, but this task has not stopped: its "
+            "step (or final save) has not finished (an all-reduce step waits "
+            "for every task: is one stopped or gone?). Exiting without a "
+            "final checkpoint; the newest checkpoint in the model dir "
+            "stands.")
+    self.end(line, 128 + signal_number)
+
+  def _linger(self, round_name: str) -> None:
+    """The chief keeps its board up until every task has read the round
+    (it posted its own entry), at most `_LINGER_SECS`."""
+    deadline = time.monotonic() + _LINGER_SECS
+    while time.monotonic() < deadline:
+      try:
+        if len(self.board.read(f"{round_name}/")) >= len(self.tasks):
+          time.sleep(2 * agreement.POLL_SECS)  # their last read.
+          return
+      except tf.errors.OpError:
+        return
+      time.sleep(agreement.POLL_SECS)
+
+
+class _GraphCheck(tf1.train.SessionRunHook):
+  """Compares the training graph across tasks in `begin` (before the
+  session, whose initialization already runs collectives)."""
+
+  def __init__(self, guard: JobGuard):
+    self._guard = guard
+
+  def begin(self):
+    self._guard.check_graph(tf1.get_default_graph())
+
+
+def _task_name(device: str) -> str:
+  """"/job:worker/replica:0/task:1" -> "worker:1"."""
+  spec = tf.DeviceSpec.from_string(device)
+  return f"{spec.job}:{spec.task}"
+
+
+def _by_task(entries: dict) -> dict:
+  return {key.split("/", 1)[1]: entry for key, entry in entries.items()}
+
+
+def _checkpoint_step(model_dir: str) -> Optional[int]:
+  checkpoint = tf.train.latest_checkpoint(model_dir)
+  if checkpoint is None:
+    return None
+  return int(tf.train.load_variable(checkpoint, "global_step"))
+
+
+def _message(error: Exception) -> str:
+  return getattr(error, "message", None) or str(error)
+
+
+def _signal_name(number: int) -> str:
+  try:
+    return signal.Signals(number).name
+  except ValueError:
+    return f"signal {number}"
+
