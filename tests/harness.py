@@ -83,6 +83,13 @@ def train(model_fn, features, labels, steps, session_config, num_towers=None,
   return values, first_loss
 
 
+def assert_same_variables(got: dict, want: dict, atol: float = 1e-5):
+  """The same variable names, each within `atol` of one device's value."""
+  assert sorted(got) == sorted(want)
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], atol=atol, err_msg=name)
+
+
 def call(model_fn, features, labels, mode, session_config):
   """Calls a model_fn with the arguments it declares, like Estimator."""
   declared = inspect.signature(model_fn).parameters

@@ -19,10 +19,7 @@ RNG = np.random.RandomState(3)
 BATCH = 7
 
 
-def assert_same_variables(got, want, atol=1e-5):
-  assert sorted(got) == sorted(want)
-  for name in want:
-    np.testing.assert_allclose(got[name], want[name], atol=atol, err_msg=name)
+assert_same_variables = harness.assert_same_variables
 
 
 def train_both(model_fn, features, labels, num_towers, session_config,

@@ -113,10 +113,7 @@ def test_each_optimizer_applies_once_from_its_own_op(pattern, num_towers,
                           session_config)
   got = train_with_hooks(make_model_fn(pattern, emg.TowerOptimizer),
                          session_config, num_towers)
-  assert sorted(got) == sorted(want)
-  for name in want:
-    np.testing.assert_allclose(got[name], want[name], atol=1e-5,
-                               err_msg=name)
+  harness.assert_same_variables(got, want)
   # One device: the train_op moves global_step once per step; D's Adam
   # applies once per step (every other step with tf.cond).
   assert got["global_step"] == STEPS

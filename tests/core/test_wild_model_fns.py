@@ -36,10 +36,7 @@ def assert_exact(model_fn, num_towers, session_config, features=X, labels=Y,
   got, got_loss = harness.train(model_fn, features, labels, steps,
                                 session_config, num_towers=num_towers,
                                 **options)
-  assert sorted(got) == sorted(want)
-  for name in want:
-    np.testing.assert_allclose(got[name], want[name], atol=1e-5,
-                               err_msg=name)
+  harness.assert_same_variables(got, want)
   np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
   return got
 
