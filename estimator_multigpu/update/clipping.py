@@ -117,22 +117,16 @@ def warn_if_transformed(grads_and_vars: list,
     The names of the variables whose gradients were (also recorded in the
     graph collection `TRANSFORMED_COLLECTION`, for `check_towers`).
   """
-  names = find_transformed(grads_and_vars, computed)
-  for name in names:
-    tf.compat.v1.add_to_collection(TRANSFORMED_COLLECTION, name)
-  if names and "transform" not in _WARNED:
-    _WARNED.add("transform")
-    logging.warning(
-        "multi_gpu: the model_fn transforms its gradients inside each tower "
+  return _record_and_warn_once(
+      find_transformed(grads_and_vars, computed), TRANSFORMED_COLLECTION,
+      "multi_gpu: the model_fn transforms its gradients inside each tower "
         "before applying them (%s: clip_by_global_norm, clip_by_norm, "
         "clip_by_value or another transform that depends on the gradients' "
         "values), so each tower's own gradient is transformed before the "
         "towers are combined; one device transforms the gradient of the "
         "whole batch. To clip exactly as on one device, remove the clip from "
         "the model_fn and pass multi_gpu(..., clip_gradients_by_norm=<the "
-        "same norm>).", ", ".join(names[:3]) + (" ..." if len(names) > 3
-                                               else ""))
-  return names
+        "same norm>).")
 
 
 def warn_if_noisy(grads_and_vars: list,
@@ -149,18 +143,25 @@ def warn_if_noisy(grads_and_vars: list,
   names = [v.op.name for g, v in grads_and_vars if g is not None and any(
       t.op.type.startswith(_RANDOM)
       for t in _chain(g, computed, _ELEMENTWISE | _SUMS)[0])]
-  for name in names:
-    tf.compat.v1.add_to_collection(NOISY_COLLECTION, name)
-  if names and "noise" not in _WARNED:
-    _WARNED.add("noise")
-    logging.warning(
-        "multi_gpu: the model_fn adds random noise to its gradients inside "
+  return _record_and_warn_once(
+      names, NOISY_COLLECTION,
+      "multi_gpu: the model_fn adds random noise to its gradients inside "
         "each tower (%s; e.g. optimize_loss(gradient_noise_scale=...)): the "
         "towers' draws are combined with their batch shares, so the noise "
         "has less than one device's standard deviation (1/sqrt(towers) for "
         "even shards). Add the noise once to the combined gradients instead:"
-        " an optimizer that wraps the inner one, inside TowerOptimizer.",
-        ", ".join(names[:3]) + (" ..." if len(names) > 3 else ""))
+        " an optimizer that wraps the inner one, inside TowerOptimizer.")
+
+
+def _record_and_warn_once(names: list, collection: str, message: str) -> list:
+  """Records `names` in the graph `collection` (for `check_towers`); warns
+  `message` (its %s: the first names) once per process and collection."""
+  for name in names:
+    tf.compat.v1.add_to_collection(collection, name)
+  if names and collection not in _WARNED:
+    _WARNED.add(collection)
+    logging.warning(message, ", ".join(names[:3]) +
+                    (" ..." if len(names) > 3 else ""))
   return names
 
 
