@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from absl import logging
 
 from estimator_multigpu.update import accumulation
 from estimator_multigpu.strategies import allreduce
@@ -50,30 +49,6 @@ class Options:
   def asks_for_all_reduce(self) -> bool:
     """Whether an all-reduce option was given (then "auto" replicates)."""
     return self.all_reduce is not None or self.packing_given
-
-
-_WARNED: set = set()
-
-
-def aggregation_device_option(aggregation_device: Optional[str],
-                              ps_device: Optional[str]) -> Optional[str]:
-  """`aggregation_device`, or its old name `ps_device` (warns once).
-
-  Raises:
-    ValueError: both were given.
-  """
-  if ps_device is None:
-    return aggregation_device
-  if aggregation_device is not None:
-    raise ValueError(
-        f"`ps_device`={ps_device!r} and `aggregation_device`="
-        f"{aggregation_device!r} were both given; they are one option. Pass "
-        "only `aggregation_device` (`ps_device` is its old name).")
-  if "ps_device" not in _WARNED:
-    _WARNED.add("ps_device")
-    logging.warning("multi_gpu: `ps_device` is now called "
-                    "`aggregation_device`; the old name still works.")
-  return ps_device
 
 
 def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,

@@ -31,7 +31,6 @@ def make_parallel(fn: Callable[..., Any],
                   devices: plan_lib.DevicesOption, /, *,
                   session_config: Optional[tf1.ConfigProto] = None,
                   aggregation_device: Optional[str] = None,
-                  ps_device: Optional[str] = None,
                   **batched_inputs: Any) -> Any:
   """Calls `fn` once per device on its shard; returns the joined outputs.
 
@@ -81,10 +80,9 @@ def make_parallel(fn: Callable[..., Any],
       it: one made with `make_session_config(num_cpus=k + 1)`).
     aggregation_device: where variables live and outputs are joined. None:
       `/cpu:0` with several devices, else the one device.
-    ps_device: the old name of `aggregation_device` (warns once).
     **batched_inputs: tensors, `SparseTensor`s or nested structures of them,
-      all with the same size along axis 0 (names `session_config`,
-      `aggregation_device` and `ps_device` are taken).
+      all with the same size along axis 0 (the names `session_config` and
+      `aggregation_device` are taken).
 
   Returns:
     `fn`'s output structure with every tensor holding the whole batch.
@@ -96,8 +94,7 @@ def make_parallel(fn: Callable[..., Any],
   """
   plan = plan_lib.make_plan(
       plan_lib.resolve_groups(devices),
-      _canonical(options_lib.aggregation_device_option(aggregation_device,
-                                                       ps_device)),
+      _canonical(aggregation_device),
       session_config, api="make_parallel")
   check_batched_inputs(batched_inputs)
   if plan.num_towers == 1:

@@ -31,8 +31,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               accumulate_steps: int = 1,
               mixed_precision: Optional[str] = None,
               sync_batch_norm: bool = False,
-              synchronization: str = "sync",
-              ps_device: Optional[str] = None) -> Any:
+              synchronization: str = "sync") -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
   The global batch that `input_fn` yields is cut into one contiguous shard
@@ -248,7 +247,6 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       float16.
     unsplit_features: keys of the features dict that are not batch-major
       (a vocabulary, a lookup table): every tower gets them whole.
-    ps_device: the old name of `aggregation_device` (warns once).
 
   Returns:
     The wrapped `model_fn(features, labels, mode, params, config)`.
@@ -266,8 +264,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       unsplit_features=unsplit_features,
       all_reduce=all_reduce, gradient_packing_bytes=gradient_packing_bytes,
       accumulate_steps=accumulate_steps, mixed_precision=mixed_precision,
-      aggregation_device=options_lib.aggregation_device_option(
-          aggregation_device, ps_device),
+      aggregation_device=aggregation_device,
       sync_batch_norm=sync_batch_norm, synchronization=synchronization)
   if model_fn is None:
     return lambda fn: _wrap(fn, options)

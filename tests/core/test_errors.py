@@ -1,6 +1,5 @@
 """Mistakes get errors that say what was given, what was expected, the fix."""
 
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -90,10 +89,7 @@ def test_devices_the_session_lacks_are_listed(devices, missing,
     ({"ema_decay": 0.0}, r"`ema_decay` is 0.0; expected"),
     ({"ema_decay": "0.9"}, "`ema_decay` must be a number"),
     ({"clip_gradients_by_norm": -1.0}, "`clip_gradients_by_norm` is -1.0"),
-    ({"ps_device": "/tpu:0"}, "'/tpu:0' is not a device"),
     ({"aggregation_device": "/tpu:0"}, "'/tpu:0' is not a device"),
-    ({"aggregation_device": "/cpu:1", "ps_device": "/cpu:2"},
-     "were both given; they are one option"),
     ({"variable_update": "mirrored"},
      "`variable_update` is 'mirrored'; expected one of 'auto', 'shared', "
      "'replicated'"),
@@ -225,21 +221,3 @@ def test_dict_features_whose_keys_change_between_batches(tmp_path,
                      match="did not match the expected structure"):
     estimator.train(input_fn, max_steps=3)
 
-
-def test_ps_device_is_an_alias_that_warns_once(session_config):
-  """`ps_device` still places the variables, with one warning per process."""
-  from estimator_multigpu import options as options_lib  # pylint: disable=g-import-not-at-top
-  options_lib._WARNED.discard("ps_device")  # pylint: disable=protected-access
-  with mock.patch.object(options_lib.logging, "warning") as warning:
-    first = emg.multi_gpu(model_fn, devices=["/cpu:0", "/cpu:1"],
-                          ps_device="/cpu:3")
-    emg.multi_gpu(model_fn, ps_device="/cpu:3")
-  assert warning.call_count == 1
-  assert "now called `aggregation_device`" in warning.call_args[0][0]
-  with tf.Graph().as_default() as graph:
-    tf1.train.get_or_create_global_step()
-    harness.call(first, tf.constant(X), tf.constant(Y), "train",
-                 session_config)
-  handles = [op for op in graph.get_operations() if op.type == "VarHandleOp"
-             and not op.name.startswith("global_step")]
-  assert handles and {op.device for op in handles} == {"/device:CPU:3"}

@@ -245,13 +245,13 @@ def test_every_device_spelling_and_the_default_are_accepted(session_config):
   assert out["y"].op.device == "/device:CPU:0"
 
 
-def test_ps_device_is_checked_and_holds_the_variables(session_config):
+def test_aggregation_device_is_checked_and_holds_the_variables(session_config):
   with tf.Graph().as_default() as graph:
     emg.make_parallel(tanh_layer, cpus(2), session_config=session_config,
-                      ps_device="/cpu:3", x=tf.zeros([4, 3]))
+                      aggregation_device="/cpu:3", x=tf.zeros([4, 3]))
     with pytest.raises(ValueError, match="asks for /cpu:7"):
       emg.make_parallel(tanh_layer, cpus(2), session_config=session_config,
-                        ps_device="/cpu:7", x=tf.zeros([4, 3]))
+                        aggregation_device="/cpu:7", x=tf.zeros([4, 3]))
   handles = [op for op in graph.get_operations() if op.type == "VarHandleOp"]
   assert {op.device for op in handles} == {"/device:CPU:3"}
 

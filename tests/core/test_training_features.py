@@ -162,7 +162,7 @@ def test_tower_ops_run_on_their_devices(session_config):
   with tf.Graph().as_default():
     tf1.train.get_or_create_global_step()
     fn = emg.multi_gpu(linear_model_fn, devices=["/cpu:1", "/cpu:2"],
-                       ps_device="/cpu:3")
+                       aggregation_device="/cpu:3")
     fn(tf.constant(X), tf.constant(Y), "train", {},
        harness.config_for(session_config))
     graph = tf1.get_default_graph()
