@@ -17,7 +17,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from estimator_multigpu.update import tower_optimizer as gradients
+import estimator_multigpu as emg
 import nets
 
 tf1 = tf.compat.v1
@@ -262,7 +262,7 @@ def _train_op(config: ClassifierConfig, loss: tf.Tensor,
   global_step = tf1.train.get_or_create_global_step()
   rate = learning_rate(config, global_step)
   tf1.summary.scalar("learning_rate", rate)
-  optimizer = gradients.TowerOptimizer(_maybe_synced(
+  optimizer = emg.TowerOptimizer(_maybe_synced(
       config, make_optimizer(config, rate)), summarize_gradient_norm=True)
   with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
     train_op = optimizer.minimize(

@@ -44,6 +44,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import estimator_multigpu as emg
 from estimator_multigpu import cluster
 from estimator_multigpu.runtime import evaluation
+from estimator_multigpu.runtime import guards
 from estimator_multigpu.runtime import hooks
 from estimator_multigpu.runtime import scaling
 from estimator_multigpu.cluster import all_reduce_training
@@ -219,14 +220,14 @@ def train(settings: Settings, estimator: tf.estimator.Estimator,
                setup.model_name, len(towers.devices),
                " with synchronized batch norm"
                if settings.multi_gpu.sync_batch_norm else "")
-  with hooks.SignalStop(blocked_secs=settings.run.stop_grace_secs,
+  with guards.SignalStop(blocked_secs=settings.run.stop_grace_secs,
                         on_blocked=_on_blocked(task)) as stop:
     def train_with(extra_hooks):
       estimator.train(
           input_fn, max_steps=max_steps,
-          hooks=[hooks.NonFiniteLossHook(model_dir), stop.hook(),
+          hooks=[guards.NonFiniteLossHook(model_dir), stop.hook(),
                  *extra_hooks],
-          saving_listeners=[hooks.FiniteCheckpointListener(model_dir)])
+          saving_listeners=[guards.FiniteCheckpointListener(model_dir)])
       return True
     if task is None:
       train_with([])

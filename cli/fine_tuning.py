@@ -36,7 +36,7 @@ from typing import Callable, Optional, Sequence
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.graph import ema
+import estimator_multigpu as emg
 from estimator_multigpu import slim_compat
 
 import classifier
@@ -55,7 +55,7 @@ class NetVariable:
   name: str
   shape: tuple
   trainable: bool
-  averaged: bool  # with --moving_average_decay, it has a shadow (ema.py).
+  averaged: bool  # with --moving_average_decay, it has a shadow (emg.averaged_variables).
 
 
 def net_variables(config: classifier.ClassifierConfig,
@@ -77,7 +77,7 @@ def net_variables(config: classifier.ClassifierConfig,
                                      config.weight_decay, is_training=True)
     network_fn(images)
     trainable = set(tf1.trainable_variables())
-    averaged = set(ema.averaged_variables())
+    averaged = set(emg.averaged_variables())
     return [NetVariable(v.op.name, tuple(v.shape.as_list()), v in trainable,
                         v in averaged) for v in tf1.global_variables()]
 

@@ -25,7 +25,7 @@ from cli import optimization_checks
 from cli import settings
 from cli import validators
 from estimator_multigpu import cluster as cluster_lib
-from estimator_multigpu import strategies
+import estimator_multigpu as emg
 from preprocessing import preprocessing_factory
 
 FLAGS = flags.FLAGS
@@ -256,7 +256,7 @@ def _multi_gpu() -> None:
   flags.DEFINE_float("clip_gradients_by_norm", None, "Clip the combined "
                      "gradient to this global norm.")
   flags.DEFINE_enum("variable_update", wrap["variable_update"],
-                    list(strategies.VARIABLE_UPDATES), "auto: replicated "
+                    list(emg.VARIABLE_UPDATES), "auto: replicated "
                     "with 2+ GPU towers or an all-reduce cluster (no ps), "
                     "shared otherwise; shared: one copy of the variables on "
                     "the aggregation device (tf_cnn_benchmarks "

@@ -7,10 +7,13 @@
 
     opt = emg.TowerOptimizer(tf.compat.v1.train.MomentumOptimizer(lr, 0.9))
 
-The public surface is `__all__`: the names below, and the subpackages
+The public surface is `__all__`: the names below, and the modules
 `devices` (device spellings, session configs, `python -m
-estimator_multigpu.devices`) and `cluster` (several machines). Everything
-else is internal and may change. Public names load on first use (PEP 562).
+estimator_multigpu.devices`), `cluster` (several machines), `runtime` (the
+hooks, guards, evaluation loop and model-dir tools of a training job) and
+`slim_compat` (tf-slim 1.1.0's fixes, for a tf-slim net outside
+`multi_gpu`). Everything else is internal and may change without notice.
+Public names load on first use (PEP 562).
 
 What importing the package does depends on the TensorFlow line
 (`compat.install`): on TF 2.15 nothing (TensorFlow is not even imported); on
@@ -18,7 +21,8 @@ TF 2.16 to 2.21 it imports TensorFlow with `tf.keras` routed to tf-keras
 (`TF_USE_LEGACY_KERAS=1`) and makes tensorflow-estimator 2.15.0 available as
 `tf.estimator` and `tf.compat.v1.estimator`, so import it before the first
 use of `tf.estimator` or `tf.keras`. tf-slim's fixes (`slim_compat`) are
-applied when `multi_gpu` wraps a model_fn, or with `slim_compat.apply_all()`.
+applied once, when `multi_gpu` first wraps a model_fn, or with
+`slim_compat.apply_all()`.
 """
 
 import importlib
@@ -39,8 +43,10 @@ _PUBLIC = {
     "check_towers": "check",
     "TowerCheck": "check",
     "train_and_evaluate": "cluster.all_reduce_training",
+    "VARIABLE_UPDATES": "strategies",
+    "averaged_variables": "graph.ema",
 }
-_PUBLIC_MODULES = ("devices", "cluster")
+_PUBLIC_MODULES = ("devices", "cluster", "runtime", "slim_compat")
 
 __all__ = sorted(_PUBLIC) + list(_PUBLIC_MODULES)
 __version__ = "0.1.0"

@@ -1,7 +1,8 @@
 """Small, documented fixes for tf-slim 1.1.0 on TensorFlow 2.15.
 
-All are idempotent and applied by `apply_all` (which `multi_gpu` calls when
-it wraps a model_fn, and `nets/` on import). They replace module references
+All are idempotent. `apply_all` applies them once per process (`multi_gpu`
+calls it when it wraps a model_fn, `nets/` on import; later calls return at
+once). They replace module references
 *inside* tf-slim only; TensorFlow's own modules are left as they are.
 
 1. tf-slim names TensorFlow symbols where TF 2.15 no longer has them:
@@ -261,8 +262,10 @@ def patch_slim_layer_weights() -> bool:
   return True
 
 
+@functools.cache
 def apply_all() -> None:
-  """Applies every fix of this module (idempotent)."""
+  """Applies every fix of this module, once per process (later calls do
+  nothing; the `patch_*` functions re-apply one fix)."""
   patch_moved_names()
   patch_slim_batch_norm()
   patch_slim_layer_weights()

@@ -25,7 +25,10 @@ _MOVING_STATISTICS = ("moving_mean", "moving_variance")
 
 
 def averaged_variables() -> list:
-  """Trainable variables plus batch-norm moving statistics, in graph order."""
+  """The variables of the default graph that `multi_gpu` keeps a moving
+  average of (each with a `<name>/ExponentialMovingAverage` shadow in its
+  checkpoints): the trainable variables plus batch norm's moving statistics,
+  in graph order."""
   candidates = (tf1.trainable_variables() + tf1.moving_average_variables() +
                 [v for v in tf1.global_variables()
                  if v.op.name.rsplit("/", 1)[-1] in _MOVING_STATISTICS])

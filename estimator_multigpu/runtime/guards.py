@@ -22,6 +22,9 @@ import tensorflow as tf
 from estimator_multigpu.graph import specs
 tf1 = tf.compat.v1
 
+__all__ = ["FiniteCheckpointListener", "NonFiniteLossError",
+           "NonFiniteLossHook", "SignalStop", "last_checkpoint_sentence"]
+
 
 class NonFiniteLossError(RuntimeError):
   """The training loss, or a variable about to be saved, became NaN or Inf."""

@@ -1,4 +1,4 @@
-"""Training hooks: progress and throughput; the guards, re-exported.
+"""Training hooks: progress and throughput.
 
 - `ProgressHook` measures the throughput once per window of N global steps
   (`Throughput`) and logs the step, loss, learning rate, examples per second
@@ -7,8 +7,7 @@
   examples/sec figure: listeners, such as the scaling report
   (`scaling.ScalingReportHook`), receive its `Throughput` for the window.
 - The guards against lost work (`NonFiniteLossHook`,
-  `FiniteCheckpointListener`, `SignalStop`) live in `guards` and are
-  re-exported here.
+  `FiniteCheckpointListener`, `SignalStop`) live in `guards`.
 - `with_training_hooks` attaches hooks built from the merged EstimatorSpec to
   a (wrapped) model_fn, so they see the loss over the whole global batch.
 """
@@ -23,13 +22,7 @@ from typing import Callable, Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.runtime import guards
-# The guards, under the names callers have always used.
-NonFiniteLossError = guards.NonFiniteLossError
-NonFiniteLossHook = guards.NonFiniteLossHook
-FiniteCheckpointListener = guards.FiniteCheckpointListener
-SignalStop = guards.SignalStop
-last_checkpoint_sentence = guards.last_checkpoint_sentence
+__all__ = ["ProgressHook", "Throughput", "with_training_hooks"]
 
 tf1 = tf.compat.v1
 

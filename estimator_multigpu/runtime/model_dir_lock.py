@@ -30,6 +30,9 @@ from typing import Iterator, Optional
 
 from absl import logging
 
+__all__ = ["LOCK_NAME", "ModelDirLockedError", "acquire", "describe", "hold",
+           "is_live", "pid_alive", "release"]
+
 LOCK_NAME = "train.lock"
 HEARTBEAT_SECS = 30.0
 STALE_SECS = 120.0  # another host's lock without a heartbeat this long: dead.

@@ -55,6 +55,10 @@ import tensorflow as tf
 from estimator_multigpu.runtime import hooks
 tf1 = tf.compat.v1
 
+__all__ = ["InputWait", "ScalingReport", "ScalingReportHook",
+           "input_bound_advice", "input_wait_from_step_stats",
+           "per_tower_batch_advice"]
+
 INPUT_OP_TYPES = frozenset([
     "IteratorGetNext", "IteratorGetNextSync", "QueueDequeueV2",
     "QueueDequeueManyV2", "QueueDequeueUpToV2"])

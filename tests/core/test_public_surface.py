@@ -71,3 +71,42 @@ def test_no_import_cycle_in_the_library():
 def test_at_most_twelve_modules_at_the_top():
   top = [p for p in PACKAGE.glob("*.py")]
   assert len(top) <= 12, sorted(p.name for p in top)
+
+
+APPLICATION = PACKAGE.parent
+PUBLIC_MODULES = {"devices", "cluster", "runtime", "slim_compat"}
+
+
+def _library_imports(path: pathlib.Path) -> set:
+  """The library modules a file of the application names in its imports."""
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+        "estimator_multigpu"):
+      names.update(f"{node.module}.{a.name}" for a in node.names)
+    elif isinstance(node, ast.Import):
+      names.update(a.name for a in node.names
+                   if a.name.startswith("estimator_multigpu."))
+  return names
+
+
+def test_the_application_uses_only_the_public_surface():
+  """train.py, eval.py, cli/, nets/, ... import the package and its public
+  modules (`__init__`'s docstring), never an internal one."""
+  files = [p for folder in ("cli", "nets", "datasets", "preprocessing",
+                            "examples", "bench")
+           for p in (APPLICATION / folder).rglob("*.py")]
+  files += list(APPLICATION.glob("*.py"))
+  private = sorted(
+      f"{path.relative_to(APPLICATION)}: {name}" for path in files
+      for name in _library_imports(path)
+      if name.split(".")[1] not in PUBLIC_MODULES)
+  assert not private
+
+
+def test_public_modules_are_in_all_and_say_their_names():
+  assert PUBLIC_MODULES <= set(emg.__all__)
+  for module in ("runtime.guards", "runtime.hooks", "runtime.scaling",
+                 "runtime.model_dir_lock", "cluster"):
+    loaded = importlib.import_module(f"estimator_multigpu.{module}")
+    assert loaded.__all__ and all(hasattr(loaded, n) for n in loaded.__all__)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_multigpu.runtime import hooks
+from estimator_multigpu.runtime import guards
 tf1 = tf.compat.v1
 BAD_STEP = 3  # the update of step 3 makes `w` NaN; the loss stays finite.
 
@@ -49,7 +49,7 @@ def train(model_dir, save_steps, hooks_=()):
       model_dir=model_dir, save_checkpoints_steps=save_steps,
       log_step_count_steps=None))
   estimator.train(input_fn, max_steps=10, hooks=list(hooks_),
-                  saving_listeners=[hooks.FiniteCheckpointListener(model_dir)])
+                  saving_listeners=[guards.FiniteCheckpointListener(model_dir)])
 
 
 def saved_steps(model_dir):
@@ -71,7 +71,7 @@ def assert_all_finite(model_dir):
 def test_non_finite_variables_are_never_saved(tmp_path, save_steps, stop,
                                               last_good):
   model_dir = str(tmp_path)
-  with pytest.raises(hooks.NonFiniteLossError) as raised:
+  with pytest.raises(guards.NonFiniteLossError) as raised:
     train(model_dir, save_steps, [StopAt(stop)] if stop else [])
   message = str(raised.value)
   assert message.startswith(f"1 variable(s) hold NaN or Inf at step "
@@ -85,5 +85,5 @@ def test_non_finite_variables_are_never_saved(tmp_path, save_steps, stop,
 
 
 def test_without_any_checkpoint_the_message_says_so(tmp_path):
-  message = hooks.last_checkpoint_sentence(str(tmp_path))
+  message = guards.last_checkpoint_sentence(str(tmp_path))
   assert message.startswith("No checkpoint was written before it")

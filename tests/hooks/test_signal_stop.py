@@ -8,7 +8,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from estimator_multigpu.runtime import hooks
+from estimator_multigpu.runtime import guards
 tf1 = tf.compat.v1
 
 
@@ -24,7 +24,7 @@ def blocked_run(seconds):
 
 def test_a_step_that_blocks_is_reported_after_the_grace_time():
   blocked = []
-  with hooks.SignalStop(blocked_secs=0.5,
+  with guards.SignalStop(blocked_secs=0.5,
                         on_blocked=lambda *args: blocked.append(args)) as stop:
     # Sent while the run blocks: Python's handler must wait for it.
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
@@ -37,7 +37,7 @@ def test_a_step_that_blocks_is_reported_after_the_grace_time():
 
 def test_a_signal_between_steps_only_requests_a_stop():
   blocked = []
-  with hooks.SignalStop(blocked_secs=0.5,
+  with guards.SignalStop(blocked_secs=0.5,
                         on_blocked=lambda *args: blocked.append(args)) as stop:
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(1.5)  # Python code: the handler runs at once.

@@ -207,6 +207,24 @@ def test_slim_conv_and_dense_weights_built_with_identity_equality(
   assert slim_compat.patch_slim_layer_weights() is False  # idempotent.
 
 
+def test_fixes_are_applied_once_per_process(monkeypatch):
+  """Wrapping many model_fns scans tf-slim's modules once, not per wrap."""
+  import estimator_multigpu as emg  # pylint: disable=g-import-not-at-top
+  calls = []
+  monkeypatch.setattr(slim_compat, "patch_moved_names",
+                      lambda: calls.append("scan") or 0)
+  slim_compat.apply_all.cache_clear()
+  try:
+    for _ in range(3):
+      emg.multi_gpu(lambda features, labels, mode: None)
+    slim_compat.apply_all()
+  finally:
+    slim_compat.apply_all.cache_clear()
+    monkeypatch.undo()
+    slim_compat.apply_all()  # the real fixes, for the tests after this one.
+  assert calls == ["scan"]
+
+
 def test_identity_equality_leaves_eager_mode_alone():
   with slim_compat._identity_equality():
     assert tensor_lib.Tensor._USE_EQUALITY  # eager here: nothing to change.
