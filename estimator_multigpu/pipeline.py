@@ -30,7 +30,7 @@ from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.cluster import all_reduce_job
 from estimator_multigpu.cross_tower import context
 from estimator_multigpu.cross_tower import layers as sync_batch_norm
-from estimator_multigpu.cross_tower import losses
+from estimator_multigpu.cross_tower import v1_losses
 from estimator_multigpu.strategies import allreduce
 from estimator_multigpu.update import accumulation
 from estimator_multigpu.update import canned
@@ -276,7 +276,7 @@ def _cross_tower_scopes(plan, split, mode, options: Options) -> list:
   scopes = [context.scope_factory(group, split.sizes,
                                   options.loss_reduction == "mean")]
   if mode in (ModeKeys.TRAIN, ModeKeys.EVAL):
-    scopes.append(losses.loss_scope)
+    scopes.append(v1_losses.loss_scope)
   if mode == ModeKeys.TRAIN:
     scopes.append(sync_batch_norm.scope_factory(group)
                   if options.sync_batch_norm else

@@ -2,7 +2,7 @@
 
 `multi_gpu` enters `tower_context` around every tower of a graph with more
 than one tower (`scope_factory`), so code inside the model_fn can talk to
-the other towers (`tools`, `moments`). Contexts are per thread and per graph.
+the other towers (`losses`, `moments`). Contexts are per thread and per graph.
 """
 
 from __future__ import annotations

@@ -1,120 +1,142 @@
-"""`tf.compat.v1.losses` over the global batch, with no change to the model_fn.
+"""Losses normalized by, or coupled across, the global batch.
 
-Every `tf.compat.v1.losses` function reduces through
-`compute_weighted_loss`: the weighted sum of the tower's losses, divided
-(`_safe_mean`) by a count of the tower's shard that depends on the
-reduction: the number of nonzero weights (`SUM_BY_NONZERO_WEIGHTS`, the
-default, and `SUM_OVER_NONZERO_WEIGHTS`), the sum of the weights (`MEAN`),
-the number of loss elements (`SUM_OVER_BATCH_SIZE`), or nothing (`SUM`).
-One device divides by the count of the global batch, so inside the towers of
-a TRAIN or EVAL graph `loss_scope` makes each term its tower's share of its
-own global normalizer (`tools.global_ratio`), and a `SUM` term its tower's
-share of the global sum (`tools.tower_share`). Several terms with different
-normalizers in one total each get their own. The loss the tower returns, and
-`get_total_loss()`, are then the tower's share: `multi_gpu` combines the
-towers' shares into one device's loss.
+On one device a loss may divide by a count of the batch (valid tokens,
+Object Detection's matched anchors, `params['batch_size']`) or let examples
+see each other (in-batch negatives, contrastive losses). Inside the towers
+of `multi_gpu` each tower holds only its shard, so these tools exchange what
+the loss needs between the towers, forward and backward
+(`collectives.all_reduce_sum`):
 
-A per-example mean (scalar weights, or `SUM_OVER_BATCH_SIZE`, of losses
-shaped [examples, fixed dims]) with `loss_reduction="mean"` needs none of
-this: its normalizer is a fixed multiple of the tower's examples, so
-Σᵢ (nᵢ/n)·meanᵢ is the global mean already. It stays TensorFlow's own, with
-no communication between the towers.
+- `global_ratio(numerator, denominator)`: this tower's share of
+  Σnumerator / Σdenominator over the towers; `multi_gpu` combines the
+  towers' losses as Σᵢ wᵢ·lossᵢ (wᵢ: the tower's share of the global batch,
+  rule 2), so the combined loss, and its gradient, is the global ratio.
+- `cross_tower_sum(x)`: Σ over the towers.
+- `cross_tower_concat(x)`: every tower's `x` along axis 0, in tower order
+  (input order).
+
+Each is the plain operation outside `multi_gpu`, with one tower, and in an
+exported graph. Every tower must make the same calls in the same order, and
+the tensors must be fetched in the step's `session.run` (the loss and the
+train_op are).
 """
 
 from __future__ import annotations
 
-import contextlib
+from typing import Optional
 
 import tensorflow as tf
 
-from estimator_multigpu import compat
+from estimator_multigpu.cross_tower import collectives
 from estimator_multigpu.cross_tower import context as context_lib
-from estimator_multigpu.cross_tower import patching
-from estimator_multigpu.cross_tower import tools
-
-losses_impl = compat.internal("losses_impl")
-losses_util = compat.internal("losses_util")
-
 
 tf1 = tf.compat.v1
-Reduction = tf1.losses.Reduction
-
-_ORIGINAL = {"safe_mean": losses_impl._safe_mean,  # pylint: disable=protected-access
-             "compute_weighted_loss": losses_impl.compute_weighted_loss}
 
 
-def loss_scope(tower):
-  """Inside: `tf.compat.v1.losses` terms are the tower's global shares."""
-  del tower  # the same for every tower; `tools` reads the tower context.
-  return _PATCH.scope()
+# (ratio, global denominator) of every `global_ratio` (gradient accumulation
+# weighs micro-batches by the denominator: `update.accumulation`).
+NORMALIZERS = "estimator_multigpu_global_normalizers"
 
 
-def _global_mean(losses, num_present):
-  """`_safe_mean` over the global batch: Σ losses / Σ num_present."""
-  return tools.global_ratio(tf.reduce_sum(losses), num_present, name="value")
-
-
-def _compute_weighted_loss(losses, weights=1.0, scope=None,
-                           loss_collection=tf1.GraphKeys.LOSSES,
-                           reduction=Reduction.SUM_BY_NONZERO_WEIGHTS):
-  """`compute_weighted_loss` over the global batch (see the module doc)."""
-  if reduction == Reduction.NONE or _tower_mean_is_exact(losses, weights,
-                                                         reduction):
-    with _local_means():
-      return _ORIGINAL["compute_weighted_loss"](
-          losses, weights, scope, loss_collection, reduction)
-  if reduction != Reduction.SUM:
-    return _ORIGINAL["compute_weighted_loss"](
-        losses, weights, scope, loss_collection, reduction)
-  loss = _ORIGINAL["compute_weighted_loss"](losses, weights, scope, None,
-                                            reduction)
-  share = tf.cast(tools.tower_share(tf.cast(loss, tf.float32)), loss.dtype)
-  losses_util.add_loss(share, loss_collection)
-  return share
-
-
-def _tower_mean_is_exact(losses, weights, reduction) -> bool:
-  """Whether the tower's own normalizer is a fixed multiple of its examples
-  and its loss weight is its share of them (nᵢ/n): then Σᵢ (nᵢ/n)·meanᵢ is
-  already the global mean, with no communication. So for a per-example mean
-  (scalar weights, or `SUM_OVER_BATCH_SIZE`) of losses shaped [examples,
-  fixed dims...]."""
+def _context() -> Optional[context_lib.TowerContext]:
   context = context_lib.current()
-  if context is None or not context.example_shares:
-    return False
-  shape = tf.convert_to_tensor(losses).shape
-  if shape.rank is None or shape.rank == 0 or not shape[1:].is_fully_defined():
-    return False
-  if isinstance(context.examples, int) and shape[0] not in (None,
-                                                            context.examples):
-    return False
-  scalar_weights = (isinstance(weights, (int, float)) and weights != 0) or (
-      isinstance(weights, tf.Tensor) and weights.shape.rank == 0)
-  return reduction == Reduction.SUM_OVER_BATCH_SIZE or (
-      scalar_weights and reduction != Reduction.SUM)
+  return context if context and context.group.num_towers > 1 else None
 
 
-@contextlib.contextmanager
-def _local_means():
-  """Inside: `_safe_mean` is TensorFlow's own (the tower's mean)."""
-  patched = losses_impl._safe_mean  # pylint: disable=protected-access
-  losses_impl._safe_mean = _ORIGINAL["safe_mean"]  # pylint: disable=protected-access
-  try:
-    yield
-  finally:
-    losses_impl._safe_mean = patched  # pylint: disable=protected-access
+def cross_tower_sum(x, name: Optional[str] = None) -> tf.Tensor:
+  """Σ over the towers of `x` (same shape and dtype in every tower).
+
+  Its gradient reaches every tower's `x` with the weight of each tower's
+  loss, so a loss built from the sum trains like one device's.
+  """
+  with tf.name_scope(name or "cross_tower_sum"):
+    x = tf.convert_to_tensor(x)
+    context = _context()
+    if context is None:
+      return tf.identity(x)
+    return collectives.all_reduce_sum(x, context.group, context.tower_index,
+                                      context.device, context.loss_weight)
 
 
-def _install() -> None:
-  losses_impl._safe_mean = _global_mean  # pylint: disable=protected-access
-  for module in (losses_impl, tf1.losses):
-    module.compute_weighted_loss = _compute_weighted_loss
+def global_ratio(numerator, denominator,
+                 name: Optional[str] = None) -> tf.Tensor:
+  """This tower's share of Σnumerator / Σdenominator over the towers.
+
+  Use it where one device divides a sum over the batch by a count of the
+  batch: `global_ratio(tf.reduce_sum(token_losses * mask),
+  tf.reduce_sum(mask))` is the token-level mean of the global batch once
+  `multi_gpu` combines the towers. Outside `multi_gpu`: numerator /
+  denominator.
+
+  Args:
+    numerator: this tower's sum (a float tensor).
+    denominator: this tower's count; cast to the numerator's dtype.
+    name: optional name scope.
+
+  Returns:
+    numerator / (wᵢ · Σⱼ denominatorⱼ), 0 for an empty shard (wᵢ = 0).
+  """
+  with tf.name_scope(name or "global_ratio"):
+    numerator = tf.convert_to_tensor(numerator)
+    denominator = tf.cast(denominator, numerator.dtype)
+    context = _context()
+    if context is None:
+      ratio = numerator / denominator
+      tf1.add_to_collection(NORMALIZERS, (ratio, denominator))
+      return ratio
+    total = cross_tower_sum(denominator)
+    ratio = tf.math.divide_no_nan(numerator, _share(context, numerator.dtype)
+                                  * total)
+    tf1.add_to_collection(NORMALIZERS, (ratio, total))
+    return ratio
 
 
-def _uninstall() -> None:
-  losses_impl._safe_mean = _ORIGINAL["safe_mean"]  # pylint: disable=protected-access
-  for module in (losses_impl, tf1.losses):
-    module.compute_weighted_loss = _ORIGINAL["compute_weighted_loss"]
+def tower_share(total, name: Optional[str] = None) -> tf.Tensor:
+  """This tower's share of a sum over the global batch: Σᵢ of these over the
+  towers, combined by `multi_gpu`, is Σ total (`total` / wᵢ; 0 if wᵢ = 0)."""
+  with tf.name_scope(name or "tower_share"):
+    total = tf.convert_to_tensor(total)
+    context = _context()
+    if context is None:
+      return tf.identity(total)
+    return tf.math.divide_no_nan(total, _share(context, total.dtype))
 
 
-_PATCH = patching.Patch(_install, _uninstall)
+def _share(context: context_lib.TowerContext, dtype) -> tf.Tensor:
+  weight = 1.0 if context.loss_weight is None else context.loss_weight
+  return tf.cast(weight, dtype)
+
+
+def cross_tower_concat(x, name: Optional[str] = None) -> tf.Tensor:
+  """Every tower's `x` along axis 0, in tower order (all-gather).
+
+  Shards may differ in size (or be empty); the other axes must agree. The
+  gradient of each row reaches the tower that holds it. For in-batch
+  negatives, gather both sides and compute the loss of the whole global
+  batch in every tower (see the README's recipe).
+  """
+  with tf.name_scope(name or "cross_tower_concat"):
+    x = tf.convert_to_tensor(x)
+    context = _context()
+    if context is None:
+      return tf.identity(x)
+    if x.shape.rank is None or x.shape.rank == 0:
+      raise ValueError(
+          f"`cross_tower_concat` joins tensors along axis 0; got {x!r} of "
+          "unknown rank or a scalar. Pass a tensor with a batch axis.")
+    offset, total = _offsets(tf.shape(x)[0], context)
+    rows = tf.shape(x)[0]
+    paddings = [[offset, total - offset - rows]] + [[0, 0]] * (
+        x.shape.rank - 1)
+    gathered = cross_tower_sum(tf.pad(x, paddings))
+    return tf.ensure_shape(gathered, [None] + x.shape.as_list()[1:])
+
+
+def _offsets(rows: tf.Tensor, context: context_lib.TowerContext) -> tuple:
+  """(this tower's first row, the total rows) of the concatenation."""
+  one_hot = tf.one_hot(context.tower_index, context.group.num_towers,
+                       dtype=tf.float64) * tf.cast(rows, tf.float64)
+  sizes = tf.cast(collectives.all_reduce_sum(
+      tf.stop_gradient(one_hot), context.group, context.tower_index,
+      context.device), tf.int32)
+  return tf.reduce_sum(sizes[:context.tower_index]), tf.reduce_sum(sizes)

@@ -1,6 +1,6 @@
 """A module patch installed while any scope that needs it is open.
 
-Synchronized batch norm (`layers`) and the global-batch losses (`losses`)
+Synchronized batch norm (`layers`) and the global-batch `tf.compat.v1.losses` (`v1_losses`)
 change TensorFlow's functions only while towers are being built. Scopes
 nest and may overlap (several graphs, several threads): the patch goes in
 when the first scope opens and comes out when the last one closes.

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu import devices as devices_lib
-from estimator_multigpu.cross_tower import tools as cross_tower_tools
+from estimator_multigpu.cross_tower import losses as cross_tower_losses
 from estimator_multigpu.graph import sharing
 
 vs_lib = compat.internal("variable_scope")
@@ -32,7 +32,7 @@ tf1 = tf.compat.v1
 ISOLATED_COLLECTIONS = (tf1.GraphKeys.LOSSES, tf1.GraphKeys.UPDATE_OPS,
                         tf1.GraphKeys.SUMMARIES,
                         tf1.GraphKeys.REGULARIZATION_LOSSES,
-                        cross_tower_tools.NORMALIZERS)
+                        cross_tower_losses.NORMALIZERS)
 
 @dataclasses.dataclass
 class OptimizerCall:

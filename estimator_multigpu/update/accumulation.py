@@ -51,7 +51,7 @@ from typing import Any, Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.cross_tower import tools
+from estimator_multigpu.cross_tower import losses
 from estimator_multigpu.graph import state_updates
 
 tf1 = tf.compat.v1
@@ -97,7 +97,7 @@ def micro_batch_weight(tower0, examples: Any, shard: Any) -> Any:
   of the batch (two normalizers, or a per-example mean) cannot be weighted
   exactly: a WARNING says so and micro-batches are weighed by examples.
   """
-  pairs = tower0.collections.get(tools.NORMALIZERS, [])
+  pairs = tower0.collections.get(losses.NORMALIZERS, [])
   if not pairs or tower0.spec.loss is None:
     return examples
   ratios = {ratio.op for ratio, _ in pairs}
