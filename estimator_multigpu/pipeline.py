@@ -20,6 +20,7 @@ from estimator_multigpu.graph import calling
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import ema as ema_lib
 from estimator_multigpu.graph import empty_shards
+from estimator_multigpu.graph import nan_guard
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import precision as precision_lib
 from estimator_multigpu.graph import readouts
@@ -106,7 +107,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
   spec = _with_ema(spec, mode, options, plan.aggregation_device, config,
                    applied=scaling.should_apply if scaling else None)
-  return _across_tasks(spec, cluster, plan)
+  spec = _across_tasks(spec, cluster, plan)
+  return nan_guard.guard(spec, features, labels) if spec.train_op else spec
 
 
 def _shares(split, examples) -> list:

@@ -132,7 +132,9 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       tower 0's train_op, hooks, scaffold and summaries are kept. State the
       train_op writes from the batch outside UPDATE_OPS: counts and sums
       are every tower's, values made global with the cross-tower tools are
-      written once, anything else is a WARNING naming the variable.
+      written once, anything else is a WARNING naming the variable. A NaN
+      loss fails the step with how many values of each feature and label
+      are NaN or Inf (one device: Estimator's bare NanLossDuringTrainingError).
     EVAL: the loss as in TRAIN; each metric one device's (rule 6).
     PREDICT: predictions and export outputs concatenated in input order
       (batch-level ones through the cross-tower tools, rule 6).
