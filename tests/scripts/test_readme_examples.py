@@ -25,7 +25,7 @@ import tensorflow as tf
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 FENCE = re.compile(r"^```(bash|sh|python)\n(.*?)^```$", re.M | re.S)
-SCRIPT = re.compile(r"python (train|eval|export)\.py")
+SCRIPT = re.compile(r"python (train|eval|export|convert)\.py")
 TINY = (("--num_gpus=4", "--virtual_cpus=2"), ("--batch_size=256", "--batch_size=8"),
         ("--max_steps=20000", "--max_steps=4"), ("--warmup_steps=500", "--warmup_steps=1"),
         ("--max_steps=2000", "--max_steps=2"), ("model.ckpt-1000", "model.ckpt-2"),
