@@ -68,6 +68,16 @@ def _described(kinds: Dict[str, str], separator: str = ' and ') -> str:
                         for key, kind in sorted(kinds.items()))
 
 
+def _feature_kinds(record: bytes) -> Dict[str, str]:
+  """Feature key -> kind (`'bytes_list'`, ...) of a serialized
+  `tf.train.Example` ({}: none, or not an Example)."""
+  try:
+    found = tf.train.Example.FromString(record).features.feature
+  except protobuf_message.DecodeError:
+    return {}
+  return {key: found[key].WhichOneof('kind') or 'empty' for key in found}
+
+
 def check_feature_keys(files: Sequence[str], expected: Dict[str, str]
                        ) -> None:
   """Raises for a record file whose first record is not a
@@ -82,23 +92,17 @@ def check_feature_keys(files: Sequence[str], expected: Dict[str, str]
   """
   for path in files:
     record = first_record(path)
-    if record is None:
+    found = {} if record is None else _feature_kinds(record)
+    if record is None or all(found.get(key) == kind
+                             for key, kind in expected.items()):
       continue
-    try:
-      found = tf.train.Example.FromString(record).features.feature
-    except protobuf_message.DecodeError:
-      found = None
-    if found is not None and all(
-        key in found and found[key].WhichOneof('kind') == kind
-        for key, kind in expected.items()):
-      continue
-    keys = _described({key: found[key].WhichOneof('kind') or 'empty'
-                       for key in found}, ', ') if found else 'no features'
     raise ValueError(
-        f'Record file {path} holds {keys}, but the reader needs '
-        f'{_described(expected)}: the features python convert.py (and '
-        "tf-slim's converters) write. Convert the images again with python "
-        'convert.py, or rewrite the records with those keys.')
+        f'Record file {path} holds '
+        f'{_described(found, ", ") if found else "no features"}, but the '
+        f'reader needs {_described(expected)}: the features python '
+        "convert.py (and tf-slim's converters) write. Convert the images "
+        'again with python convert.py, or rewrite the records with those '
+        'keys.')
 
 
 def remember(files: Sequence[str]) -> None:
