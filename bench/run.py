@@ -7,7 +7,9 @@ default outside the checkout in the temp dir; the path is printed). Every
 system runs in its own subprocess; timed windows are interleaved, so compare
 ratios within one run, not absolute numbers across runs. The subprocess logs
 go to a temp dir that is removed at the end unless a system failed
-(--keep_logs keeps it). Exit status: 0 when every target passed or missed by
+(--keep_logs keeps it). Progress goes to stderr as it happens (one line per
+model, system ready, warm-up, round of windows and graph timing); the
+tables come at the end. Exit status: 0 when every target passed or missed by
 less than the run's resolution; 1 when a target missed beyond it or a system
 failed.
 """
@@ -23,7 +25,13 @@ import time
 
 from absl import app
 from absl import flags
+from absl import logging
 
+from cli import script_logging
+
+script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from bench import specs
 from bench import report
 from bench import schedule
@@ -130,13 +138,17 @@ def jobs_for(model: str, config: dict) -> list:
 def main(argv) -> int:
   """Runs the benchmark; returns the exit status (see the docstring)."""
   del argv
+  script_logging.configure(FLAGS.verbosity)
   start, config = time.perf_counter(), settings()
   log_dir = tempfile.mkdtemp(prefix="bench_logs_")
   rows, checks, failures, spreads = [], [], [], []
-  for model in config["models"]:
+  for number, model in enumerate(config["models"], start=1):
+    jobs = jobs_for(model, config)
+    logging.info("Model %d/%d: %s, %d system processes side by side "
+                 "(%.0f s so far)", number, len(config["models"]), model,
+                 len(jobs), time.perf_counter() - start)
     timings, failed = schedule.measure_model(
-        jobs_for(model, config), config["rounds"], config["window_seconds"],
-        log_dir)
+        jobs, config["rounds"], config["window_seconds"], log_dir)
     failures += failed
     spreads += report.replica_spreads(timings)
     timings = schedule.pool_replicas(timings)

@@ -14,7 +14,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Optional
+
+from absl import logging
 
 from bench import protocol
 
@@ -135,16 +138,23 @@ def measure_model(jobs: list, rounds: int, window_seconds: float,
     per job whose worker failed before its first step (the others go on).
   """
   workers, timings, failures = [Worker(job, log_dir) for job in jobs], [], []
+  logging.info("%s: started %d system processes; each builds its graph",
+               jobs[0].model, len(jobs))
   try:
-    for worker in list(workers):
+    for number, worker in enumerate(list(workers), start=1):
       try:
         ready = worker.expect("ready")
         timings.append(Timing(worker.job, ready["setup_seconds"],
                               graph_digest=ready.get("graph_digest", ""),
                               num_ops=ready.get("num_ops", 0)))
+        logging.info("%s: %s ready (%d/%d, set up in %.0f s)", jobs[0].model,
+                     _name(worker.job), number, len(jobs),
+                     ready["setup_seconds"])
       except RuntimeError as error:
         if worker is workers[0]:
           raise
+        logging.warning("%s: %s failed (%d/%d): %s", jobs[0].model,
+                        _name(worker.job), number, len(jobs), error)
         failures.append(str(error))
         workers.remove(worker)
     _run_windows(workers, timings, rounds, window_seconds)
@@ -157,18 +167,30 @@ def measure_model(jobs: list, rounds: int, window_seconds: float,
 def _run_windows(workers: list, timings: list, rounds: int,
                  window_seconds: float) -> None:
   """Warm-up, then interleaved timed windows, then the peak RSS."""
+  model, start = workers[0].job.model, time.perf_counter()
   steps = steps_per_window(workers[0], window_seconds)
+  logging.info("%s: warming up %d systems (%d steps per window)", model,
+               len(workers), steps)
   for worker in workers:
     worker.run(max(3, steps // 2))  # warm-up, discarded.
-  for index in _interleaved(len(workers), rounds):
+  for number, index in enumerate(_interleaved(len(workers), rounds), start=1):
     wall, cpu = workers[index].run(steps)
     timings[index].window_seconds.append(wall)
     timings[index].window_cpu_seconds.append(cpu)
+    if number % len(workers) == 0:
+      logging.info("%s: round %d/%d of timed windows done (%.0f s)", model,
+                   number // len(workers), rounds,
+                   time.perf_counter() - start)
   for worker in workers:  # all shut down at once.
     worker.stop()
   for worker, timing in zip(workers, timings):
     timing.steps_per_window = steps
     timing.max_rss_mb = worker.finish()["max_rss_mb"]
+
+
+def _name(job: Job) -> str:
+  """The job's label, with its replica when it has several processes."""
+  return job.label + (f" (process {job.replica + 1})" if job.replica else "")
 
 
 def _interleaved(count: int, rounds: int) -> list:
@@ -181,10 +203,14 @@ def measure_graph_build(model: str, towers: list, repeats: int,
                         log_dir: str) -> dict:
   """Graph-construction seconds per tower count, with and without TF2 tensor
   equality: two single-threaded builder subprocesses side by side."""
+  logging.info("%s: timing graph construction at %s towers", model,
+               ", ".join(str(k) for k in towers))
   runs = {name: _start_graph_build(model, towers, equality, repeats, log_dir)
           for name, equality in (("with_equality", True),
                                  ("without_equality", False))}
-  return {name: _graph_result(*run) for name, run in runs.items()}
+  results = {name: _graph_result(*run) for name, run in runs.items()}
+  logging.info("%s: graph construction timed", model)
+  return results
 
 
 def _start_graph_build(model: str, towers: list, equality: bool,

@@ -148,6 +148,10 @@ def _shape_mismatch(name: str, saved: list, built: list,
   if saved[:-1] == built[:-1] and built[-1:] == [num_classes]:
     return (f"written with --num_classes={saved[-1]} ({name} is {saved}); "
             f"this run builds --num_classes={num_classes} ({built})")
+  if len(saved) == 4 and saved[:2] + saved[3:] == built[:2] + built[3:]:
+    return (f"for {saved[2]}-channel images ({name} is {saved}); this run "
+            f"reads {built[2]}-channel images ({built}: another "
+            "--dataset_name?)")
   return (f"with {name} of shape {saved}; this run builds {built} (another "
           "--image_size?)")
 

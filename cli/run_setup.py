@@ -7,7 +7,8 @@ unless given; train.py's resume does too. `--dataset_split_name` defaults
 per script (train.py: 'train', or the recorded split on a resume; eval.py:
 'eval'); `--labels_offset` is subtracted from the stored labels (1 drops
 ImageNet's background class 0), so the net has the dataset's classes minus
-it.
+it. The checks of that data against the flags and the model are the data
+room's (cli/data/).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import nets
 from cli import run_config
 from cli import settings as settings_lib
 from cli import validators
+from cli.data import classes
+from cli.data import images
 from preprocessing import preprocessing_factory
 
 TRAIN_SPLIT = "train"
@@ -99,23 +102,9 @@ def num_classes(dataset_name: str, dataset_dir: Optional[str],
   """--num_classes, else the dataset's minus --labels_offset."""
   if flag_value:
     return flag_value
-  return classes_after_offset(
+  return classes.classes_after_offset(
       datasets.num_classes(dataset_name, dataset_dir), labels_offset,
       dataset_name)
-
-
-def classes_after_offset(num_classes: int, offset: int,
-                         dataset_name: str) -> int:
-  """The net's classes: the dataset's minus the offset.
-
-  Raises:
-    ValueError: no class would be left.
-  """
-  if offset and num_classes - offset < 1:
-    raise ValueError(
-        f"--labels_offset={offset} leaves no class of the {num_classes} of "
-        f"dataset {dataset_name}; give an offset below {num_classes}.")
-  return num_classes - offset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,37 +147,28 @@ def model_setup(model_dir: str, model: settings_lib.ModelSettings,
 
   Raises:
     ValueError: `--model_name`, `--num_classes` or `--labels_offset`
-      contradicts the record.
+      contradicts the record, `--num_classes` the records' labels.txt, or
+      the data's channels the recorded model's (cli/data/).
   """
   record = run_config.read(model_dir)
   given, defaults = _model_and_data(model, data)
   if record is not None:
     run_config.check_matches(record, given, model_dir)
-    check_labels_offset(record.labels_offset, given, model_dir)
+    classes.check_labels_offset(record.labels_offset, given, model_dir)
   values = run_config.recorded_or_given(record, given, defaults)
   offset = values["labels_offset"] or 0
-  classes = num_classes(values["dataset_name"], values["dataset_dir"],
-                        values["num_classes"], offset)
+  if "num_classes" in given:
+    classes.check_num_classes(given["num_classes"], values["dataset_name"],
+                              values["dataset_dir"], offset)
+  images.check_channels(values["dataset_name"], record, model_dir)
+  count = num_classes(values["dataset_name"], values["dataset_dir"],
+                      values["num_classes"], offset)
   size = image_size(values["model_name"], values["dataset_name"],
                     values["image_size"])
-  check_image_size(values["model_name"], size, values["dataset_name"])
-  return ModelSetup(values["model_name"], classes, size,
+  images.check_image_size(values["model_name"], size, values["dataset_name"])
+  return ModelSetup(values["model_name"], count, size,
                     values["dataset_name"], values["dataset_dir"], record,
                     offset)
-
-
-def check_labels_offset(recorded: int, given: dict, model_dir: str) -> None:
-  """Raises when --labels_offset contradicts the model_dir's record.
-
-  Raises:
-    ValueError: the given offset differs from the recorded one.
-  """
-  if "labels_offset" in given and given["labels_offset"] != recorded:
-    raise ValueError(
-        f"--labels_offset={given['labels_offset']} but --model_dir="
-        f"{model_dir} was trained with labels_offset={recorded}, so its "
-        "classes are other labels; drop --labels_offset to use the recorded "
-        "one, or choose another --model_dir.")
 
 
 def recorded_max_steps(record: Optional[run_config.RunRecord],
@@ -236,29 +216,3 @@ def epoch_size(data: settings_lib.DataSettings,
   logging.info("An epoch of split %r of %s holds %d examples.", split, name,
                size)
   return size
-
-
-def check_image_size(model_name: str, size: int, dataset_name: str) -> None:
-  """Raises when the net cannot take `size` x `size` images (a net below
-  its default size is built once on a placeholder to find out).
-
-  Raises:
-    ValueError: naming the net, the size, --image_size and the net's
-      default size.
-  """
-  network_fn = nets.get_network_fn(model_name, 2)
-  default = network_fn.default_image_size
-  if size >= default:
-    return
-  channels = datasets.preprocessing(dataset_name)["channels"]
-  with tf.Graph().as_default():
-    try:
-      network_fn(tf.compat.v1.placeholder(tf.float32,
-                                          [1, size, size, channels]))
-    except ValueError as error:
-      reason = str(error).splitlines()[0].split(" for '")[0]
-      raise ValueError(
-          f"--model_name={model_name} does not fit {size}x{size} images of "
-          f"{dataset_name} ({reason}); its default size is {default}: give "
-          f"--image_size={default} (the images are resized), or a net for "
-          "small images such as lenet or cifarnet.") from error

@@ -150,7 +150,7 @@ def tfrecord_needs_dataset_dir(values: dict) -> bool:
     raise flags.ValidationError(
         "--dataset_name=tfrecord but no --dataset_dir: expected the folder "
         "of <split>-NNNNN-of-NNNNN.tfrecord files and labels.txt; write it "
-        "with python -m datasets.convert --image_dir=DIR --output_dir=DIR "
+        "with python convert.py --image_dir=DIR --output_dir=DIR "
         "and pass --dataset_dir=DIR.")
   return True
 

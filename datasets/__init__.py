@@ -6,17 +6,12 @@ Typical use::
   input_fn = datasets.make_input_fn('digits', 'train', batch_size=64)
   estimator.train(input_fn, max_steps=1000)
 
-The converter (`convert_image_folder`, `list_image_folder`) is loaded on
-first use, so that ``python -m datasets.convert`` runs cleanly.
+The converter (`convert_image_folder`, `list_image_folder`; its command line
+is ``python convert.py``) is loaded on first use.
 """
 
 import importlib
 
-from cli import install
-
-install.check_tensorflow()  # before TensorFlow: names the extras if missing.
-
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from datasets.datasets_factory import DATASET_NAMES
 from datasets.datasets_factory import default_image_size
 from datasets.datasets_factory import get_dataset

@@ -5,9 +5,11 @@ they are (after checking that they decode); BMP and GIF are re-encoded as PNG.
 The output is ``<output_dir>/<split>-0000i-of-0000N.tfrecord`` plus
 ``labels.txt``; see `datasets.tfrecord` for the format.
 
-Example::
+Every subfolder is a class (as in tf-slim's converters), so a subfolder
+without images is refused, naming it, rather than becoming a class that no
+image teaches. The command line is the script `convert.py` beside train.py::
 
-  python -m datasets.convert --image_dir photos/ \\
+  python convert.py --image_dir photos/ \\
       --output_dir records/ --num_shards 4 --validation_percentage 10
 
 writes the `train` split and holds 10% of each class out as the `eval`
@@ -16,6 +18,7 @@ split, which eval.py reads by default.
 
 import os
 import random
+import sys
 from typing import List, Sequence, Tuple
 
 from absl import logging
@@ -59,19 +62,34 @@ def list_image_folder(image_dir: str) -> Tuple[List[Item], List[str]]:
 
   Raises:
     FileNotFoundError: if `image_dir` is missing.
-    ValueError: if it has no class subfolder or no image in them.
+    ValueError: if it has no class subfolder, no image in them, or a class
+      subfolder without images.
   """
   class_names = _subfolders(image_dir)
   if not class_names:
     raise ValueError(
         f'image_dir {image_dir!r} has no subfolders; expected one subfolder '
         'of images per class, e.g. image_dir/cat/1.png, image_dir/dog/2.png.')
-  items = [(path, label) for label, name in enumerate(class_names)
-           for path in _images_in(os.path.join(image_dir, name))]
-  if not items:
+  images = {name: _images_in(os.path.join(image_dir, name))
+            for name in class_names}
+  if not any(images.values()):
     raise ValueError(f'No image files {IMAGE_EXTENSIONS} in the subfolders '
                      f'{class_names} of {image_dir!r}.')
-  return items, class_names
+  _check_no_empty_class(image_dir, images)
+  return [(path, label) for label, name in enumerate(class_names)
+          for path in images[name]], class_names
+
+
+def _check_no_empty_class(image_dir: str, images: dict) -> None:
+  """Raises for class subfolders that hold no image (naming them)."""
+  empty = [os.path.join(image_dir, name) for name, paths in images.items()
+           if not paths]
+  if empty:
+    raise ValueError(
+        f'class folder(s) {", ".join(empty)} hold no image file '
+        f'({", ".join(IMAGE_EXTENSIONS)}): every subfolder of image_dir is a '
+        'class, and an empty one would be a class that no image teaches. '
+        'Add its images, or move the folder out of image_dir.')
 
 
 def sniff_format(data: bytes) -> bytes:
@@ -149,7 +167,7 @@ def _clear_old_shards(output_dir: str, split: str, overwrite: bool) -> None:
     raise FileExistsError(
         f'{len(old)} file(s) already match {pattern!r}; they would be read '
         'together with the new ones. Pass overwrite=True (--overwrite) to '
-        'replace them, or choose another output_dir.')
+        'replace them, or choose another output_dir (--output_dir).')
   for path in old:
     tf.io.gfile.remove(path)
 
@@ -233,42 +251,8 @@ def convert_image_folder(image_dir: str, output_dir: str, split: str = 'train',
       chunk, output_dir, name, min(num_shards, len(chunk)))]
 
 
-def _define_flags() -> None:
-  """Defines the command-line flags (only when run as a program)."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  flags.DEFINE_string('image_dir', None, 'Folder: one subfolder per class.')
-  flags.DEFINE_string('output_dir', None, 'Folder for records + labels.txt.')
-  flags.DEFINE_integer('num_shards', 1, 'Number of record files.')
-  flags.DEFINE_string('split', 'train', 'Split name used in file names.')
-  flags.DEFINE_integer('seed', 0, 'Seed of the shuffle across shards.')
-  flags.DEFINE_bool('shuffle', True, 'Shuffle images across shards.')
-  flags.DEFINE_bool('overwrite', False, 'Replace old files of this split.')
-  flags.DEFINE_float('validation_percentage', 0.0, 'Hold out this percentage '
-                     'of each class (e.g. 10) as the eval split, which '
-                     'eval.py reads by default.')
-  flags.DEFINE_string('validation_split', 'eval', 'The held-out split.')
-  flags.mark_flags_as_required(['image_dir', 'output_dir'])
-
-
-def _expand(path: str) -> str:
-  return os.path.expanduser(os.path.expandvars(path))
-
-
-def main(argv: Sequence[str]) -> None:
-  """Runs the conversion from the parsed absl flags."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  if len(argv) > 1:
-    raise ValueError(f'Unexpected arguments: {list(argv[1:])}')
-  f = flags.FLAGS
-  paths = convert_image_folder(
-      _expand(f.image_dir), _expand(f.output_dir), f.split, f.num_shards,
-      shuffle=f.shuffle, seed=f.seed, overwrite=f.overwrite,
-      validation_percentage=f.validation_percentage,
-      validation_split=f.validation_split)
-  logging.info('Done: %d shard(s) in %s', len(paths), f.output_dir)
-
-
 if __name__ == '__main__':
-  from absl import app  # pylint: disable=g-import-not-at-top
-  _define_flags()
-  app.run(main)
+  sys.stderr.write('datasets.convert: error: the converter is a script now, '
+                   'beside train.py: run python convert.py --image_dir=DIR '
+                   '--output_dir=DIR (same flags).\n')
+  sys.exit(2)

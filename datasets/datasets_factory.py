@@ -2,7 +2,7 @@
 
 Names: ``'digits'`` (scikit-learn's bundled 8x8 digits), ``'synthetic'``
 (random images for benchmarks) and ``'tfrecord'`` (sharded records written
-by `datasets.convert`). Every dataset yields batches of
+by `python convert.py`). Every dataset yields batches of
 float32 NHWC images and int32 [batch] labels.
 """
 
@@ -74,7 +74,7 @@ def num_classes(name: str, data_dir: Optional[str] = None) -> int:
     raise ValueError(
         f"num_classes('tfrecord') reads {tfrecord.LABELS_FILENAME} in "
         f'data_dir, but data_dir={data_dir!r} has none; pass the folder '
-        'written by datasets.convert, or num_classes itself.')
+        'written by python convert.py, or num_classes itself.')
   return len(tfrecord.read_label_file(data_dir))
 
 

@@ -25,7 +25,6 @@ NUM_CLASSES = 10
 IMAGE_SIZE = 8
 SPLITS = ('train', 'eval')
 SPLIT_SIZES = {'train': 1437, 'eval': 360}
-NUM_EXAMPLES = 1797
 SPLIT_SEED = 0
 EVAL_FRACTION = 0.2
 MAX_PIXEL = 16.0  # pixel values are 0..16.

@@ -7,6 +7,11 @@ nameless tensor. Here:
 
 * `check_shards` refuses a zero-byte record file before any step (it holds
   no example: a split of such files "trains" on nothing).
+* `check_feature_keys` reads the first record of each file before any step
+  and refuses one without the features the reader parses, naming the file,
+  the keys found and the keys expected (TensorFlow's own error, at the
+  first step, names no file: `Feature: image/class/label (data type:
+  int64) is required but could not be found`).
 * `with_file_and_index` tags every serialized record with its file and its
   index in that file, so that the in-graph checks `check_label` and
   `check_image_bytes` fail with e.g. `label 7 of record 3 in
@@ -20,8 +25,9 @@ nameless tensor. Here:
 """
 
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from google.protobuf import message as protobuf_message
 import tensorflow as tf
 
 # The first two bytes of the formats `tf.io.decode_image` reads.
@@ -43,8 +49,60 @@ def check_shards(files: Sequence[str]) -> None:
     if tf.io.gfile.stat(path).length == 0:
       raise ValueError(
           f'Record file {path} is empty (0 bytes), so it holds no example; '
-          'expected records written by python -m datasets.convert. Rewrite '
-          'the split (datasets.convert --overwrite) or remove the file.')
+          'expected records written by python convert.py. Rewrite '
+          'the split (python convert.py --overwrite) or remove the file.')
+
+
+def first_record(path: str) -> Optional[bytes]:
+  """The first serialized record of a file (None: none, or unreadable: the
+  pipeline's own checks name that)."""
+  try:
+    return next(iter(tf.compat.v1.io.tf_record_iterator(path)), None)
+  except tf.errors.OpError:
+    return None
+
+
+def _described(kinds: Dict[str, str], separator: str = ' and ') -> str:
+  """E.g. `'image/encoded' (bytes) and 'image/class/label' (int64)`."""
+  return separator.join(f'{key!r} ({kind.replace("_list", "")})'
+                        for key, kind in sorted(kinds.items()))
+
+
+def _feature_kinds(record: bytes) -> Dict[str, str]:
+  """Feature key -> kind (`'bytes_list'`, ...) of a serialized
+  `tf.train.Example` ({}: none, or not an Example)."""
+  try:
+    found = tf.train.Example.FromString(record).features.feature
+  except protobuf_message.DecodeError:
+    return {}
+  return {key: found[key].WhichOneof('kind') or 'empty' for key in found}
+
+
+def check_feature_keys(files: Sequence[str], expected: Dict[str, str]
+                       ) -> None:
+  """Raises for a record file whose first record is not a
+  `tf.train.Example` holding the `expected` features.
+
+  Args:
+    files: the record files of a split.
+    expected: feature key -> its kind (`'bytes_list'`, `'int64_list'`).
+
+  Raises:
+    ValueError: naming the file, the keys found and the keys expected.
+  """
+  for path in files:
+    record = first_record(path)
+    found = {} if record is None else _feature_kinds(record)
+    if record is None or all(found.get(key) == kind
+                             for key, kind in expected.items()):
+      continue
+    raise ValueError(
+        f'Record file {path} holds '
+        f'{_described(found, ", ") if found else "no features"}, but the '
+        f'reader needs {_described(expected)}: the features python '
+        "convert.py (and tf-slim's converters) write. Convert the images "
+        'again with python convert.py, or rewrite the records with those '
+        'keys.')
 
 
 def remember(files: Sequence[str]) -> None:
@@ -109,8 +167,7 @@ def check_image_bytes(encoded: tf.Tensor, path: tf.Tensor,
                                  IMAGE_MAGIC))
   message = lambda: tf.strings.join([
       'the image of ', _where(path, index), ' cannot be decoded: it is not '
-      'PNG, JPEG, GIF or BMP; rewrite the records with python -m '
-      'datasets.convert'])
+      'PNG, JPEG, GIF or BMP; rewrite the records with python convert.py'])
   return _checked(encoded, known, message)
 
 
@@ -142,7 +199,7 @@ def find_damaged_record(files: Optional[Sequence[str]] = None
   return _first_problem(files, first_unreadable, lambda path, index, reason: (
       f'Record file {path} is damaged from record {index} on ({reason}): '
       'truncated or corrupt, e.g. by an interrupted copy. Copy or convert '
-      'it again (python -m datasets.convert), or move '
+      'it again (python convert.py), or move '
       f'{os.path.basename(path)} out of the data folder.'))
 
 
@@ -179,5 +236,5 @@ def find_undecodable_image(files: Optional[Sequence[str]] = None
   """Describes the first image that cannot be decoded, or None."""
   return _first_problem(files, first_undecodable, lambda path, index, reason: (
       f'the image of record {index} in {path} cannot be decoded ({reason}): '
-      'a damaged PNG/JPEG. Rewrite the records with python -m '
-      'datasets.convert, or remove that image from the source folder.'))
+      'a damaged PNG/JPEG. Rewrite the records with python convert.py, or '
+      'remove that image from the source folder.'))

@@ -39,6 +39,9 @@ _FEATURES = {
     IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
     LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
 }
+# The kind of each parsed feature in a `tf.train.Example`, checked before
+# the first step (record_checks.check_feature_keys).
+_FEATURE_KINDS = {IMAGE_KEY: 'bytes_list', LABEL_KEY: 'int64_list'}
 
 
 def shard_filename(output_dir: str, split: str, index: int,
@@ -72,7 +75,7 @@ def find_shards(data_dir: Optional[str], split: str) -> List[str]:
   if not data_dir:
     raise ValueError(
         f'Dataset {NAME!r} needs data_dir: the folder holding the '
-        f'{split}-*-of-* record files (see datasets.convert).')
+        f'{split}-*-of-* record files (see python convert.py).')
   if not tf.io.gfile.isdir(data_dir):
     raise FileNotFoundError(f'data_dir {data_dir!r} is not a directory.')
   files = sorted(tf.io.gfile.glob(shard_pattern(data_dir, split)))
@@ -86,7 +89,7 @@ def _no_records_error(data_dir: str, split: str) -> FileNotFoundError:
   return FileNotFoundError(
       f'No TFRecord files for split {split!r} in data_dir {data_dir!r}: '
       f'nothing matches {shard_pattern(data_dir, split)!r}. Write them with '
-      f'`python -m datasets.convert --image_dir DIR '
+      f'`python convert.py --image_dir DIR '
       f'--output_dir {data_dir} --split {split}` (or hold out part of the '
       'training images as the eval split: `--validation_percentage 10`), '
       'or point data_dir at the folder that holds them.')
@@ -180,7 +183,7 @@ def _count(session, count: tf.Tensor, feed: dict, name: str) -> int:
     reason = record_checks.op_error_reason(error)
     raise ValueError(
         f'Cannot count the records of {name} ({reason}); rewrite the '
-        'damaged shard with datasets.convert.') from error
+        'damaged shard with python convert.py.') from error
 
 
 def _check_channels(channels: int) -> int:
@@ -273,6 +276,7 @@ def tfrecord_dataset(data_dir: str, split: str, batch_size: int, *,
   if num_classes is not None:
     _pipeline.check_positive_int('num_classes', num_classes)
   files = find_shards(data_dir, split)
+  record_checks.check_feature_keys(files, _FEATURE_KINDS)
   record_checks.remember(files)
   is_train = split == _pipeline.TRAIN if is_training is None else is_training
   shuffle = is_train if shuffle is None else shuffle

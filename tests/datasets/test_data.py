@@ -386,18 +386,39 @@ def test_converter_errors(image_folder, tmp_path):
     convert.convert_image_folder(image_dir, str(tmp_path / 'out2'))
 
 
+def run_converter(*args):
+  return subprocess.run([sys.executable, 'convert.py', *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120,
+                        check=False)
+
+
 @pytest.mark.slow
 def test_converter_command_line(image_folder, tmp_path):
+  # As quiet as the scripts: its own lines only (converting, one per shard,
+  # done), no TensorFlow start-up, INFO or deprecation lines.
   image_dir, _ = image_folder
   out_dir = str(tmp_path / 'cli')
-  result = subprocess.run(
-      [sys.executable, '-m', 'datasets.convert',
-       f'--image_dir={image_dir}', f'--output_dir={out_dir}',
-       '--num_shards=2', '--split=validation'],
-      cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+  argv = (f'--image_dir={image_dir}', f'--output_dir={out_dir}',
+          '--num_shards=2', '--split=validation')
+  result = run_converter(*argv)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert 'RuntimeWarning' not in result.stderr
+  lines = result.stderr.splitlines()
+  assert len(lines) == 4, lines  # converting, 2 x wrote, done.
+  assert 'Converting 12 images of 3 classes' in lines[0]
+  assert 'tensorflow' not in result.stderr.lower()
   assert sorted(os.listdir(out_dir)) == [
       'labels.txt', 'validation-00000-of-00002.tfrecord',
       'validation-00001-of-00002.tfrecord']
   assert datasets.read_label_file(out_dir) == {0: 'ant', 1: 'cow', 2: 'zebra'}
+  again = run_converter(*argv)  # the same folder again: one line, status 2.
+  assert again.returncode == 2
+  assert again.stderr.splitlines() == [
+      f"convert.py: error: 2 file(s) already match '{out_dir}/validation-*-"
+      "of-*'; they would be read together with the new ones. Pass "
+      'overwrite=True (--overwrite) to replace them, or choose another '
+      'output_dir (--output_dir).']
+  moved = subprocess.run([sys.executable, '-m', 'datasets.convert'], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+  assert moved.returncode == 2
+  assert moved.stderr.splitlines()[-1].startswith(
+      'datasets.convert: error: the converter is a script now')

@@ -25,7 +25,7 @@ import tensorflow as tf
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 FENCE = re.compile(r"^```(bash|sh|python)\n(.*?)^```$", re.M | re.S)
-SCRIPT = re.compile(r"python (train|eval|export)\.py")
+SCRIPT = re.compile(r"python (train|eval|export|convert)\.py")
 TINY = (("--num_gpus=4", "--virtual_cpus=2"), ("--batch_size=256", "--batch_size=8"),
         ("--max_steps=20000", "--max_steps=4"), ("--warmup_steps=500", "--warmup_steps=1"),
         ("--max_steps=2000", "--max_steps=2"), ("model.ckpt-1000", "model.ckpt-2"),
@@ -75,7 +75,7 @@ BLOCKS = (
         "import tensorflow as tf\nimport estimator",)),
     Block("@emg.multi_gpu(devices=4,", needs_gpus=4, after=(
         "import tensorflow as tf\nimport estimator",)),
-    Block("python -m datasets.convert --image_dir=photos", subs=TINY),
+    Block("python convert.py --image_dir=photos", subs=TINY),
     Block("python train.py --model_name=cifarnet --dataset_name=tfrecord "
           "--dataset_dir=/data/cars", subs=TINY + (
               ("--dataset_dir=/data/cars", "--dataset_dir=/data/flowers"),
@@ -204,7 +204,7 @@ def test_readme_block_runs_as_pasted(language, text, workdir):
   result = run_block(language, text, workdir)
   if text.startswith("# 1. Install"):
     assert re.search(r"accuracy=0\.\d+ global_step=30 ", result.stdout)
-  if "datasets.convert" in text:
+  if "python convert.py" in text:
     assert "exports/flowers/" in result.stdout
     assert re.search(r"tf.Tensor\(\[\d \d\]", result.stdout)
 

@@ -1,0 +1,13 @@
+"""The data room: checks of the data a run reads against its flags and its
+model, before anything is written to the model dir.
+
+- `classes`: `--num_classes` against the records' labels.txt, and
+  `--labels_offset` against the classes and the model dir's record.
+- `images`: `--image_size` against the net, and the data's channels against
+  the channels the model was trained on.
+
+The records' own format (feature keys, readable files, decodable images,
+labels in range) is checked where they are opened, by the reader
+(`datasets/record_checks.py`), so that a library user of
+`datasets.get_dataset` gets the same one line as the scripts.
+"""

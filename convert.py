@@ -1,0 +1,71 @@
+"""Converts a folder of images, one subfolder per class, to TFRecords.
+
+    python convert.py --image_dir=photos --output_dir=/data/flowers \
+        --num_shards=4 --validation_percentage=10
+
+writes `train-0000i-of-00004.tfrecord` (and, with --validation_percentage,
+the held-out `eval` split that eval.py reads by default) plus labels.txt,
+for train.py --dataset_name=tfrecord --dataset_dir=/data/flowers. Every
+subfolder is a class (class ids follow the sorted names); one without images
+is refused. PNG and JPEG files are stored as they are, BMP and GIF as PNG
+(datasets/convert.py). Logs are quiet as the other scripts'; a mistake is
+one line and exit status 2 (--overwrite replaces a split written before).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from absl import flags
+from absl import logging
+
+from cli import script_logging
+
+script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from cli import errors
+from datasets import convert
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("image_dir", None, "Folder: one subfolder of images per "
+                    "class.")
+flags.DEFINE_string("output_dir", None, "Folder for the records and "
+                    "labels.txt (created if needed).")
+flags.DEFINE_integer("num_shards", 1, "Number of record files per split.")
+flags.DEFINE_string("split", "train", "Split name used in the file names.")
+flags.DEFINE_integer("seed", 0, "Seed of the shuffle across shards.")
+flags.DEFINE_bool("shuffle", True, "Shuffle the images across shards.")
+flags.DEFINE_bool("overwrite", False, "Replace the files of a split written "
+                  "before.")
+flags.DEFINE_float("validation_percentage", 0.0, "Hold out this percentage "
+                   "of each class (e.g. 10) as the eval split, which eval.py "
+                   "reads by default.")
+flags.DEFINE_string("validation_split", "eval", "The held-out split.")
+flags.mark_flags_as_required(["image_dir", "output_dir"])
+
+
+def expand(path: str) -> str:
+  """`path` with `~` and environment variables expanded."""
+  return os.path.expanduser(os.path.expandvars(path))
+
+
+def main(argv: Sequence[str]) -> None:
+  """Converts --image_dir into --output_dir."""
+  del argv
+  script_logging.configure(FLAGS.verbosity)
+  paths = convert.convert_image_folder(
+      expand(FLAGS.image_dir), expand(FLAGS.output_dir), FLAGS.split,
+      FLAGS.num_shards, shuffle=FLAGS.shuffle, seed=FLAGS.seed,
+      overwrite=FLAGS.overwrite,
+      validation_percentage=FLAGS.validation_percentage,
+      validation_split=FLAGS.validation_split)
+  logging.info("Done: %d shard(s) in %s; next: python train.py "
+               "--dataset_name=tfrecord --dataset_dir=%s --image_size=...",
+               len(paths), FLAGS.output_dir, FLAGS.output_dir)
+
+
+if __name__ == "__main__":
+  errors.run(main, __doc__)
