@@ -25,7 +25,7 @@ import datasets
 import nets
 from cli import run_config
 from cli import settings as settings_lib
-from cli import validators
+from cli.flags import validators
 from preprocessing import preprocessing_factory
 
 TRAIN_SPLIT = "train"

@@ -12,10 +12,6 @@ first use, so that ``python -m datasets.convert`` runs cleanly.
 
 import importlib
 
-from cli import install
-
-install.check_tensorflow()  # before TensorFlow: names the extras if missing.
-
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from datasets.datasets_factory import DATASET_NAMES
 from datasets.datasets_factory import default_image_size

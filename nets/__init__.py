@@ -6,10 +6,6 @@ applies (the library itself applies it only when `multi_gpu` wraps a
 model_fn).
 """
 
-from cli import install
-
-install.check_tensorflow()  # before TensorFlow: names the extras if missing.
-
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from estimator_multigpu import slim_compat
 

@@ -10,10 +10,6 @@ Evaluation always resizes (bilinear), whatever the name: export.py's
 serving graph repeats exactly that.
 """
 
-from cli import install
-
-install.check_tensorflow()  # before TensorFlow: names the extras if missing.
-
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from preprocessing.preprocessing_factory import DEFAULT_NAME
 from preprocessing.preprocessing_factory import PREPROCESSING_NAMES

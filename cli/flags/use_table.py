@@ -14,7 +14,7 @@ The condition sees the flags' values, with the model dir's record
 (run_config.json) standing in for a data flag not given (eval.py and a
 resumed train.py read the recorded data). Flags without a row are used
 whenever given. Other combinations are checked where they are defined:
-tf-slim's optimizer and decay settings (cli/optimization_checks.py), the
+tf-slim's optimizer and decay settings (cli/flags/optimization.py), the
 restore settings (cli/fine_tuning.py), the checkpoint schedule
 (cli/checkpoints.py), --sync_replicas (cli/cluster_task.py).
 """
