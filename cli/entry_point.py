@@ -68,9 +68,9 @@ def missing_message(missing: Sequence[str]) -> str:
       os.path.realpath(venv)):
     fix = ("activate the checkout's environment (. .venv/bin/activate), "
            f"or {fix}")
-  return (f"{', '.join(missing)} are not installed for {sys.executable}: "
-          "the "
-          f"scripts need them; {fix}; then run the command again.")
+  verb = "is" if len(missing) == 1 else "are"
+  return (f"{', '.join(missing)} {verb} not installed for {sys.executable}: "
+          f"the scripts need them; {fix}; then run the command again.")
 
 
 def running_script() -> str:
