@@ -95,9 +95,10 @@ MISTAKES = [
         ["--model_name=lenet5", "--export_dir={tmp}/e"],
         r"--model_name=lenet5: expected one of"),
     row("unknown_flag", "train", ["--bogus=1"],
-        r"Unknown command line flag 'bogus'; python train.py --help"),
+        r"unknown flag: --bogus is no flag of train.py. Rename or drop it "
+        r"\(python train.py --help"),
     row("misspelt_flag", "train", ["--batchsize=3"],
-        r"'batchsize'. Did you mean: batch_size"),
+        r"--batchsize is no flag of train.py \(did you mean --batch_size\?\)"),
     row("flag_without_dashes", "train", ["model_name=mlp"],
         r"unexpected argument\(s\) 'model_name=mlp': .* e.g. "
         r"--model_name=mlp"),
