@@ -1,10 +1,10 @@
 """The scripts' settings: small frozen dataclasses, one per group of flags.
 
-`main` builds them from the flags once (`cli.flags.read`) and passes them
-down, so every helper of train.py, eval.py and export.py takes plain
-arguments and can be called without absl. Each field has the name of its
-flag and its default (cli/flags/definitions.py takes the defaults from here); list
-flags become tuples. `given` holds the names typed on the command line:
+`main` builds them from the flags once (`cli.flags.definitions.read`) and
+passes them down, so every helper of train.py, eval.py and export.py takes
+plain arguments and can be called without absl. Each field has the name of
+its flag and its default (cli/flags/definitions.py takes the defaults from
+here); list flags become tuples. `given` holds the names typed on the command line:
 those override the model_dir's record (run_config.json).
 """
 

@@ -1,16 +1,18 @@
 """Checks of train.py's tf-slim optimization flags, and what they set.
 
 Names, meanings and (mostly) defaults are tf-slim's train_image_classifier.py
-ones. Two differences from slim, kept so that earlier runs mean the same: `--opt_epsilon` defaults to
-TensorFlow's 1e-8 for adam and adadelta (slim: 1.0 for all; rmsprop keeps
-1.0), and `--learning_rate_decay_factor` to 0.5 (slim: 0.94).
+ones. Two differences from slim, kept so that earlier runs mean the same:
+`--opt_epsilon` defaults to TensorFlow's 1e-8 for adam and adadelta (slim:
+1.0 for all; rmsprop keeps 1.0), and `--learning_rate_decay_factor` to 0.5
+(slim: 0.94).
 
 A setting given for another optimizer than `--optimizer`, a decay setting
 the `--learning_rate_decay_type` does not use, two flags for the same thing
 and ftrl with a decaying rate (its weights scale with the rate) are errors,
 never silently ignored. `register_validators()` (called by
-cli/flags/definitions.py after it defines `--optimizer` and the schedule flags)
-installs the checks; they read which flags were typed (absl validators).
+cli/flags/definitions.py after it defines `--optimizer` and the schedule
+flags) installs the checks; they read which flags were typed (absl
+validators).
 """
 
 from __future__ import annotations

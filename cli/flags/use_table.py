@@ -2,9 +2,9 @@
 
 `USES` says, for every flag that some script, dataset or mode has no use
 for, which scripts read it and under which condition. `check` (called by
-`cli.flags.read`, where every script turns its flags into settings) raises
-for the first flag given on the command line whose row says it would be
-ignored, naming what would use it, e.g.
+`cli.flags.definitions.read`, where every script turns its flags into
+settings) raises for the first flag given on the command line whose row
+says it would be ignored, naming what would use it, e.g.
 
   --dataset_dir=/tmp/flowers is read only with --dataset_name=tfrecord,
   and this run reads --dataset_name=digits, so the folder would be ignored;
