@@ -28,6 +28,9 @@ def config(**fields) -> classifier.ClassifierConfig:
     # Warm-up ramp: rate = 0.1 x (step + 1) / warmup_steps, steps 0 .. 9.
     # By hand: 0.1 x 10 / 100 = 0.01 at step 9.
     (dict(warmup_steps=100, learning_rate_decay_type="cosine"), 10, 0.01, 9),
+    # The README's flowers command cut to 60 steps: 0.1 x 60 / 500 = 0.012.
+    (dict(warmup_steps=500, learning_rate_decay_type="cosine"), 60, 0.012,
+     59),
     # 0.1 x 20 / 50 = 0.04 at step 19, whatever decays after the warm-up.
     (dict(warmup_steps=50, learning_rate_decay_type="exponential"), 20,
      0.04, 19),
