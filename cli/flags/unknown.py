@@ -32,21 +32,26 @@ def _takes_next(arg: str, flag: flags.Flag) -> bool:
 
 def unknown_names(args: Sequence[str],
                   flag_values: flags.FlagValues) -> List[str]:
-  """The names of the flags in `args` (argv[1:]) `flag_values` lacks."""
-  found, rest = [], iter(args)
+  """The names of the flags in `args` (argv[1:]) `flag_values` lacks (but
+  those `--undefok` names)."""
+  found, allowed, rest = [], set(), iter(args)
   for arg in rest:
     if arg == "--":
       break
     name = arg.lstrip("-").split("=", 1)[0]
-    if not arg.startswith("-") or not name or name == "undefok":
+    if not arg.startswith("-") or not name:
       continue
-    if name in flag_values:
+    if name == "undefok":
+      value = arg.split("=", 1)[1] if "=" in arg else next(rest, "")
+      allowed.update(item.strip() for item in value.split(","))
+    elif name in flag_values:
       if _takes_next(arg, flag_values[name]):
         next(rest, None)
     elif not (name.startswith("no") and name[2:] in flag_values and
               flag_values[name[2:]].boolean):
       found.append(name)
-  return found
+  return [name for name in found if name not in allowed and not (
+      name.startswith("no") and name[2:] in allowed)]
 
 
 def explain(name: str, flag_values: flags.FlagValues, script: str) -> str:

@@ -93,6 +93,9 @@ def test_the_scan_reads_the_command_line_as_absl_does():
   # --model_dir takes the next argument as its value; --noonce is the
   # boolean's negation, --nomodel_dir is not (model_dir is a string).
   assert unknown.unknown_names(args, values) == ["nomodel_dir", "x", "y"]
+  # --undefok names flags absl then accepts unknown (and their --no form).
+  assert unknown.unknown_names(["--undefok", "x,y", "--x=1", "--noy", "--z"],
+                               values) == ["z"]
 
 
 def test_another_scripts_flag_says_so():
