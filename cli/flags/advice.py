@@ -16,10 +16,9 @@ batch norm would change nothing, so it is refused.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from absl import logging
-import numpy as np
 import tensorflow as tf
 
 import classifier
@@ -76,20 +75,23 @@ def warn_small_batch_norm(graph: tf.Graph, global_batch_size: int,
   return None
 
 
-def peak_learning_rate(config: classifier.ClassifierConfig,
-                       max_steps: int) -> tuple:
-  """(the largest learning rate, its global step) of the schedule the run
-  builds, over the steps it trains (global steps 0 .. max_steps - 1).
-
-  After the warm-up every decay type only falls, so the steps looked at end
-  one past the warm-up.
-  """
-  steps = max(1, min(max_steps, config.warmup_steps + 1))
+def peak_learning_rate(config: classifier.ClassifierConfig, max_steps: int,
+                       chunk: int = 1 << 20) -> Tuple[float, int]:
+  """(the largest learning rate, its first global step) of the schedule the
+  run builds (`classifier.learning_rate`), over the steps it trains: global
+  steps 0 .. max_steps - 1, evaluated `chunk` steps at a time."""
   with tf.Graph().as_default():
-    rates = classifier.learning_rate(config, tf.range(steps))
+    start = tf.compat.v1.placeholder(tf.int32, [])
+    steps = tf.range(start, tf.minimum(start + chunk, max_steps))
+    rates = tf.broadcast_to(classifier.learning_rate(config, steps),
+                            tf.shape(steps))
+    best = (tf.reduce_max(rates), tf.argmax(rates, output_type=tf.int32))
+    found = []
     with tf.compat.v1.Session() as session:
-      values = np.broadcast_to(session.run(rates), [steps])
-  return float(values.max()), int(values.argmax())
+      for first in range(0, max(max_steps, 1), chunk):
+        rate, index = session.run(best, {start: first})
+        found.append((float(rate), first + int(index)))
+  return max(found, key=lambda pair: (pair[0], -pair[1]))  # the first.
 
 
 def unreached_peak_advice(config: classifier.ClassifierConfig,

@@ -48,6 +48,15 @@ def test_the_peak_is_the_schedules(fields, max_steps, peak, step):
   assert (warned is None) == (peak == 0.1)
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_chunks_of_steps_find_the_same_peak(chunk):
+  # Warm-up to 0.1 x 20 / 40 = 0.05 at step 19, the run's last.
+  schedule = config(warmup_steps=40, learning_rate_decay_type="cosine")
+  whole = advice.peak_learning_rate(schedule, 20)
+  assert advice.peak_learning_rate(schedule, 20, chunk) == whole
+  assert whole == pytest.approx((0.05, 19), rel=1e-6)
+
+
 def test_a_run_shorter_than_its_warm_up_warns_with_the_peak(tmp_path, caplog):
   caplog.set_level(logging.WARNING, logger="absl")
   # 0.1 x (1 + 1) / 4 = 0.05 at step 1, the run's last.
