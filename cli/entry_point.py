@@ -62,15 +62,15 @@ def missing_packages() -> List[str]:
 def missing_message(missing: Sequence[str]) -> str:
   """What is missing, for which Python, and the fix (the checkout's .venv
   when it has one and this Python is another)."""
+  verb, them = ("is", "it") if len(missing) == 1 else ("are", "them")
   venv = os.path.join(ROOT, ".venv")
-  fix = f"install them from this checkout: {INSTALL}"
+  fix = f"install {them} from this checkout: {INSTALL}"
   if os.path.isdir(venv) and os.path.realpath(sys.prefix) != (
       os.path.realpath(venv)):
     fix = ("activate the checkout's environment (. .venv/bin/activate), "
            f"or {fix}")
-  verb = "is" if len(missing) == 1 else "are"
   return (f"{', '.join(missing)} {verb} not installed for {sys.executable}: "
-          f"the scripts need them; {fix}; then run the command again.")
+          f"the scripts need {them}; {fix}; then run the command again.")
 
 
 def running_script() -> str:

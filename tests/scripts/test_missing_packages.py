@@ -57,7 +57,7 @@ def test_a_checkout_with_a_venv_says_activate_it(tmp_path, monkeypatch):
   monkeypatch.setattr(entry_point, "ROOT", str(tmp_path))
   message = entry_point.missing_message(["absl-py"])
   assert "activate the checkout's environment (. .venv/bin/activate), or " \
-         "install them" in message
+         "install it" in message
   monkeypatch.setattr(sys, "prefix", str(tmp_path / ".venv"))  # inside it.
   assert "activate" not in entry_point.missing_message(["absl-py"])
 
