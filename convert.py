@@ -17,15 +17,15 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from absl import flags
-from absl import logging
-
+from cli import entry_point  # first: a missing package is one line.
 from cli import script_logging
 
 script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
-from cli import errors
+# pylint: disable=g-import-not-at-top,wrong-import-position,g-bad-import-order
+from absl import flags
+from absl import logging
+
 from datasets import convert
 
 FLAGS = flags.FLAGS
@@ -68,4 +68,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-  errors.run(main, __doc__)
+  entry_point.run(main, __doc__)

@@ -25,15 +25,15 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from absl import app
-from absl import flags
-from absl import logging
-
+from cli import entry_point  # first: a missing package is one line.
 from cli import script_logging
 
 script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
+from absl import flags
+from absl import logging
 import tensorflow as tf
 
 import estimator_multigpu as emg
@@ -41,8 +41,7 @@ import estimator_multigpu as emg
 import classifier
 from cli import checkpoints
 from cli import cluster_task
-from cli import errors
-from cli import flags as cli_flags
+from cli.flags import definitions as cli_flags
 from cli import model_dir_check
 from cli import run_setup
 from cli import settings as settings_lib
@@ -123,4 +122,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  errors.run(main, __doc__)
+  entry_point.run(main, __doc__)

@@ -32,14 +32,15 @@ import os
 import sys
 from typing import NamedTuple, Optional
 
-from absl import flags
-from absl import logging
-
+from cli import entry_point  # first: a missing package is one line.
 from cli import script_logging
 
 script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position,g-bad-import-order
+from absl import flags
+from absl import logging
+import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import cluster
@@ -54,12 +55,11 @@ import classifier
 import datasets
 from cli import checkpoints
 from cli import cluster_task
-from cli import errors
 from cli import fine_tuning
-from cli import flags as cli_flags
+from cli.flags import definitions as cli_flags
 from cli import model_dir_check
-from cli import optimization_checks
-from cli import run_checks
+from cli.flags import optimization as optimization_flags
+from cli.flags import advice
 from cli import run_record
 from cli import run_settings
 from cli import run_setup
@@ -83,7 +83,7 @@ def classifier_config(settings: Settings, num_classes: int,
   settings'; `setup`: the data, default the settings')."""
   opt = settings.optimization
   decay_steps = opt.decay_steps or max(opt.max_steps - opt.warmup_steps, 1)
-  slim = optimization_checks.classifier_settings(
+  slim = optimization_flags.classifier_settings(
       opt, settings.optimizer,
       lambda: run_setup.epoch_size(settings.data, setup),
       settings.data.batch_size * settings.multi_gpu.accumulate_steps *
@@ -129,7 +129,7 @@ def build_model_fn(towers: run_setup.Towers, ema_decay, clip_norm,
   num_towers = len(towers.devices) * trainers
 
   def progress(spec):
-    run_checks.warn_small_batch_norm(tf.compat.v1.get_default_graph(),
+    advice.warn_small_batch_norm(tf.compat.v1.get_default_graph(),
                                      global_batch_size, len(towers.devices),
                                      sync_batch_norm)
     progress_hook = hooks.ProgressHook(spec.loss, examples_per_step,
@@ -298,10 +298,13 @@ def plan(task: Optional[cluster.Task], settings: Settings) -> Plan:
   run = settings.run
   towers = run_setup.towers(settings.towers)
   setup = run_setup.model_setup(run.model_dir, settings.model, settings.data)
+  advice.check_sync_batch_norm(settings.multi_gpu.sync_batch_norm,
+                               setup.model_name)
   config = classifier_config(settings, setup.num_classes,
                              cluster_task.replicas_to_aggregate(
                                  task, settings.cluster.sync_replicas),
                              setup.model_name, setup)
+  advice.warn_unreached_peak(config, settings.optimization.max_steps)
   schedule = checkpoints.checkpoint_schedule(
       run.save_checkpoints_steps, run.save_checkpoints_secs,
       "save_checkpoints_steps" in run.given)
@@ -417,12 +420,12 @@ def log_done(task: Optional[cluster.Task], settings: Settings) -> None:
 
 
 def run_cluster_task(task: cluster.Task, settings: Settings) -> int:
-  """`run(task, settings)`; an error is one line (cli/errors.py) and its
+  """`run(task, settings)`; an error is one line (cli/entry_point.py) and its
   status."""
   try:
     return run(task, settings)
   except Exception as error:  # pylint: disable=broad-except
-    return errors.report(error, sys.argv, task.device)
+    return entry_point.report(error, sys.argv, task.device)
 
 
 def main(argv):
@@ -437,4 +440,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  errors.run(main, __doc__)
+  entry_point.run(main, __doc__)

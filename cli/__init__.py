@@ -1,7 +1,9 @@
-"""What train.py, eval.py and export.py share: their flags and settings,
-the model dir's record, run checks, quiet logs and grouped --help (the
-library defines no flags)."""
+"""What train.py, eval.py and export.py share (the library defines no flags).
 
-from cli import install
-
-install.check_tensorflow()  # before TensorFlow: names the extras if missing.
+- `entry_point`: the scripts' `run(main, doc)`; the check that the
+  packages are installed; every error as one line, exit status 2 or 1.
+- `flags/`: the flags room: definitions and `read`, value checks, the
+  flag-use table, tf-slim's names, grouped `--help`, the run's advice.
+- `model_dir/` and `data/`: the checks of the model dir and of the data.
+- Settings, run setup, logs, fine-tuning and the cluster task: modules here.
+"""

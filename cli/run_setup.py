@@ -26,9 +26,9 @@ import datasets
 import nets
 from cli import run_config
 from cli import settings as settings_lib
-from cli import validators
 from cli.data import classes
 from cli.data import images
+from cli.flags import validators
 from preprocessing import preprocessing_factory
 
 TRAIN_SPLIT = "train"

@@ -1,10 +1,10 @@
 """The scripts' settings: small frozen dataclasses, one per group of flags.
 
-`main` builds them from the flags once (`cli.flags.read`) and passes them
-down, so every helper of train.py, eval.py and export.py takes plain
-arguments and can be called without absl. Each field has the name of its
-flag and its default (cli/flags.py takes the defaults from here); list
-flags become tuples. `given` holds the names typed on the command line:
+`main` builds them from the flags once (`cli.flags.definitions.read`) and
+passes them down, so every helper of train.py, eval.py and export.py takes
+plain arguments and can be called without absl. Each field has the name of
+its flag and its default (cli/flags/definitions.py takes the defaults from
+here); list flags become tuples. `given` holds the names typed on the command line:
 those override the model_dir's record (run_config.json).
 """
 
@@ -149,7 +149,7 @@ class FineTuningSettings:
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
   """Everything train.py's flags say, by group."""
-  SCRIPT: ClassVar[str] = "train.py"  # whose flags (cli/flag_use.py).
+  SCRIPT: ClassVar[str] = "train.py"  # whose flags (cli/flags/use_table.py).
   model: ModelSettings = ModelSettings()
   data: DataSettings = DataSettings()
   towers: TowerSettings = TowerSettings()
@@ -180,7 +180,7 @@ class EvaluationSettings:
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
   """Everything eval.py's flags say, by group."""
-  SCRIPT: ClassVar[str] = "eval.py"  # whose flags (cli/flag_use.py).
+  SCRIPT: ClassVar[str] = "eval.py"  # whose flags (cli/flags/use_table.py).
   model: ModelSettings = ModelSettings()
   data: DataSettings = DataSettings()
   towers: TowerSettings = TowerSettings()
@@ -190,7 +190,7 @@ class EvalSettings:
 @dataclasses.dataclass(frozen=True)
 class ExportSettings:
   """What export.py writes (`export_dir`) from which checkpoint."""
-  SCRIPT: ClassVar[str] = "export.py"  # whose flags (cli/flag_use.py).
+  SCRIPT: ClassVar[str] = "export.py"  # whose flags (cli/flags/use_table.py).
   model_dir: str = "runs/digits"
   export_dir: Optional[str] = None
   checkpoint_path: Optional[str] = None

@@ -29,7 +29,7 @@ from estimator_multigpu.cluster import launch
 import linear_cluster
 import train
 from cli import cluster_task as cluster_task_lib
-from cli import flags as cli_flags
+from cli.flags import definitions as cli_flags
 from cli import settings as settings_lib
 
 tf1 = tf.compat.v1

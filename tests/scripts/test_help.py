@@ -10,8 +10,8 @@ import pytest
 
 import eval as eval_script
 import export
-from cli import flag_groups
-from cli import flags as cli_flags
+from cli.flags import grouped_help
+from cli.flags import definitions as cli_flags
 import train
 
 FLAGS = flags.FLAGS
@@ -29,7 +29,7 @@ def groups(help_text):
 
 
 def script_flags(script):
-  """The flags of the groups the script defines (cli/flags.py)."""
+  """The flags of the groups the script defines (cli/flags/definitions.py)."""
   return set(cli_flags.names(*script.FLAG_GROUPS))
 
 
@@ -44,7 +44,7 @@ def script_flags(script):
 def test_help_lists_every_flag_of_the_script_in_groups(script,
                                                        expected_groups):
   own = script_flags(script)
-  text = flag_groups.help_text(script.__doc__, names=own)
+  text = grouped_help.help_text(script.__doc__, names=own)
   assert flag_names(text) == own | {"verbosity"}
   assert groups(text) == expected_groups
   assert "model_name" in own and "batch_size" in own and "virtual_cpus" in own
@@ -54,7 +54,7 @@ def test_help_lists_every_flag_of_the_script_in_groups(script,
 
 
 def test_model_group_comes_first_and_defaults_are_shown():
-  text = flag_groups.help_text(train.__doc__, names=script_flags(train))
+  text = grouped_help.help_text(train.__doc__, names=script_flags(train))
   model = text.index("Model:")
   assert model < text.index("--model_name") < text.index("Data:")
   assert text.index("Data:") < text.index("--dataset_dir") < text.index(
@@ -63,7 +63,7 @@ def test_model_group_comes_first_and_defaults_are_shown():
 
 
 def test_a_flag_without_a_group_is_shown_under_other():
-  assert flag_groups.grouped(["model_name", "brand_new"]) == [
+  assert grouped_help.grouped(["model_name", "brand_new"]) == [
       ("Model", ["model_name"]), ("Other", ["brand_new"])]
 
 
@@ -73,7 +73,7 @@ def test_a_flag_without_a_group_is_shown_under_other():
     (["train.py", "--max_steps=3"], False),
     (["launch", "--", "--help"], False)])
 def test_wants_help(argv, wanted):
-  assert flag_groups.wants_help(argv) == wanted
+  assert grouped_help.wants_help(argv) == wanted
 
 
 @pytest.mark.slow

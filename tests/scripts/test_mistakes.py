@@ -1,11 +1,11 @@
 """Every user mistake ends with one line on stderr: what was given, what was
 expected, how to fix it; exit status 2 for bad flags, data or model dirs, 1
-for failures at run time; no traceback (cli/errors.py).
+for failures at run time; no traceback (cli/entry_point.py).
 
 The table `MISTAKES` has one row per mistake (an id, the script, its argv,
 an optional setup that writes bad data or a model dir, the exit status and a
 regex the error line must match). Every row runs in this process through
-the scripts' entry point (`errors.call`: absl parses the argv into the
+the scripts' entry point (`entry_point.call`: absl parses the argv into the
 saved FLAGS, SystemExit's code is the status); `SUBPROCESS_IDS` also run as
 real processes (slow) to prove the end-to-end contract. Rows that need a
 trained model dir share `trained` (lenet on 8x8 synthetic images, 10
@@ -30,7 +30,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_multigpu.runtime import checkpoints
-from cli import errors
+from cli import entry_point
 from datasets import record_checks
 import bad_inputs as bad
 import eval as eval_script
@@ -71,7 +71,7 @@ def row(id_, script, argv, pattern, status=2, setup=None):
 
 
 MISTAKES = [
-    # Flags, refused while absl parses them (cli/validators.py).
+    # Flags, refused while absl parses them (cli/flags/validators.py).
     row("batch_size_zero", "train", ["--batch_size=0"],
         r"--batch_size=0: expected a number >= 1"),
     row("batch_size_negative_eval", "eval", ["--batch_size=-4"],
@@ -95,9 +95,10 @@ MISTAKES = [
         ["--model_name=lenet5", "--export_dir={tmp}/e"],
         r"--model_name=lenet5: expected one of"),
     row("unknown_flag", "train", ["--bogus=1"],
-        r"Unknown command line flag 'bogus'; python train.py --help"),
+        r"unknown flag: --bogus is no flag of train.py. Rename or drop it "
+        r"\(python train.py --help"),
     row("misspelt_flag", "train", ["--batchsize=3"],
-        r"'batchsize'. Did you mean: batch_size"),
+        r"--batchsize is no flag of train.py \(did you mean --batch_size\?\)"),
     row("flag_without_dashes", "train", ["model_name=mlp"],
         r"unexpected argument\(s\) 'model_name=mlp': .* e.g. "
         r"--model_name=mlp"),
@@ -113,7 +114,7 @@ MISTAKES = [
         r"--learning_rate=nan: expected a finite number > 0"),
     row("momentum_above_one", "train", ["--momentum=1.5"],
         r"--momentum=1.5: expected a number in \[0, 1\)"),
-    row("decay_rate_zero", "train", ["--decay_rate=0"],
+    row("decay_factor_zero", "train", ["--learning_rate_decay_factor=0"],
         r"--learning_rate_decay_factor=0.0: expected a factor in \(0, 1\]"),
     row("warmup_negative", "train", ["--warmup_steps=-1"],
         r"--warmup_steps=-1: expected a number >= 0"),
@@ -156,8 +157,8 @@ MISTAKES = [
         r"--ps_hosts is empty; a cluster needs at least one ps"),
     row("export_without_export_dir", "export", ["--model_dir={trained}"],
         r"--export_dir is required"),
-    row("eval_split_unknown", "eval", ["--model_dir={tmp}/model",
-                                       "--eval_split=test", "--once"],
+    row("split_unknown", "eval", ["--model_dir={tmp}/model",
+                                  "--dataset_split_name=test", "--once"],
         r"Unknown split 'test' for dataset 'digits'", setup=bad.empty_model_dir),
     # Data.
     row("dataset_dir_missing", "train", [*RECORDS, "--num_classes=3"],
@@ -235,7 +236,7 @@ MISTAKES = [
     row("export_without_checkpoint", "export",
         ["--model_dir={tmp}/model", "--export_dir={tmp}/e"],
         r"--model_dir=.*/model holds no checkpoint", setup=bad.empty_model_dir),
-    # Issue 26: nothing ignored (cli/flag_use.py), nothing too large.
+    # Issue 26: nothing ignored (cli/flags/use_table.py), nothing too large.
     row("dataset_dir_without_tfrecord", "train", ["--dataset_dir=/tmp/flowers"],
         r"--dataset_dir=/tmp/flowers is used only with --dataset_name="
         r"tfrecord, and this run reads --dataset_name=digits, so it would be "
@@ -318,7 +319,7 @@ def run_in_process(script: str, argv) -> int:
     with flagsaver.flagsaver():
       FLAGS.unparse_flags()
       with pytest.raises(SystemExit) as exit_info:
-        errors.call(module.main, module.__doc__, [f"{script}.py", *argv])
+        entry_point.call(module.main, module.__doc__, [f"{script}.py", *argv])
   finally:
     absl_logger.setLevel(level)
   return exit_info.value.code or 0
@@ -392,12 +393,12 @@ def test_leftovers_of_a_killed_save_go_complete_checkpoints_stay(
 
 
 def test_traceback_on_request(monkeypatch, capsys):
-  monkeypatch.setenv(errors.TRACEBACK_ENV, "1")
+  monkeypatch.setenv(entry_point.TRACEBACK_ENV, "1")
   assert run_in_process("train", ["--model_dir=/proc/emg_test",
                                   "--max_steps=1"]) == 2
   stderr = capsys.readouterr().err
   assert "Traceback (most recent call last)" in stderr
   assert stderr.splitlines()[-1].startswith("train.py: error: --model_dir=")
-  assert errors.wants_traceback(["train.py", "--verbosity=1"])
-  monkeypatch.delenv(errors.TRACEBACK_ENV)
-  assert not errors.wants_traceback(["train.py", "-v", "0"])
+  assert entry_point.wants_traceback(["train.py", "--verbosity=1"])
+  monkeypatch.delenv(entry_point.TRACEBACK_ENV)
+  assert not entry_point.wants_traceback(["train.py", "-v", "0"])

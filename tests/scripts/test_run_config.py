@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 import classifier
-from cli import flags as cli_flags
+from cli.flags import definitions as cli_flags
 import datasets
-from cli import run_checks
+from cli.flags import advice as run_advice
 from cli import run_config
 from cli import run_record
 from cli import run_setup
@@ -174,7 +174,7 @@ def test_verbosity_is_read_before_tensorflow(argv, verbosity):
 ])
 def test_batch_norm_advice_names_the_per_tower_batch(batch, towers, sync,
                                                      fragment):
-  advice = run_checks.small_batch_norm_advice(batch, towers, sync)
+  advice = run_advice.small_batch_norm_advice(batch, towers, sync)
   if fragment is None:
     assert advice is None
   else:
@@ -188,7 +188,7 @@ def test_batch_norm_warning_on_any_device_only_for_batch_norm_nets():
   with tf.Graph().as_default() as graph:
     images = tf1.placeholder(tf.float32, [None, 8, 8, 3])
     tf1.layers.dense(images, 4)
-    assert run_checks.warn_small_batch_norm(graph, 4, 2) is None
+    assert run_advice.warn_small_batch_norm(graph, 4, 2) is None
     tf1.layers.batch_normalization(images, training=True)
-    assert run_checks.has_batch_norm(graph)
-    assert "2 examples" in run_checks.warn_small_batch_norm(graph, 4, 2)
+    assert run_advice.has_batch_norm(graph)
+    assert "2 examples" in run_advice.warn_small_batch_norm(graph, 4, 2)

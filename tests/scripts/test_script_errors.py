@@ -1,4 +1,4 @@
-"""cli/errors.py: whose error it is (exit status 2 or 1)."""
+"""cli/entry_point.py: whose error it is (exit status 2 or 1)."""
 
 import os
 import sys
@@ -7,7 +7,7 @@ import types
 import pytest
 import tensorflow as tf
 
-from cli import errors
+from cli import entry_point
 
 
 @pytest.mark.parametrize("error,status", [
@@ -16,7 +16,7 @@ from cli import errors
     (ConnectionError("reset"), 1), (RuntimeError("x"), 1),
     (tf.errors.UnavailableError(None, None, "Socket closed"), 1)])
 def test_whose_error_it_is(error, status):
-  message, got = errors.explain(error)
+  message, got = entry_point.explain(error)
   assert got == status and message.endswith(("x", "answer", "reset",
                                              "Socket closed"))
 
@@ -32,7 +32,7 @@ def test_a_cluster_task_fails_with_one_line_naming_it(error, status,
     raise error
 
   monkeypatch.setattr(train, "run", fail)
-  monkeypatch.delenv(errors.TRACEBACK_ENV, raising=False)
+  monkeypatch.delenv(entry_point.TRACEBACK_ENV, raising=False)
   task = types.SimpleNamespace(device="/job:worker/task:1")
   assert train.run_cluster_task(task, train.Settings()) == status
   lines = capsys.readouterr().err.splitlines()

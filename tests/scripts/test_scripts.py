@@ -12,7 +12,7 @@ from script_runs import run_script
 import tensorflow as tf
 
 from estimator_multigpu.runtime import evaluation
-from cli import flags as cli_flags
+from cli.flags import definitions as cli_flags
 from cli import run_setup
 import eval as eval_script
 import train

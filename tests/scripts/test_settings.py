@@ -6,7 +6,7 @@ import pytest
 
 import estimator_multigpu as emg
 from cli import cluster_task
-from cli import flags as cli_flags
+from cli.flags import definitions as cli_flags
 from cli import run_setup
 from cli import settings
 import eval as eval_script

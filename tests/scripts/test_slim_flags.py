@@ -12,12 +12,12 @@ from script_runs import run_script
 import tensorflow as tf
 
 import classifier
-from cli import flags as cli_flags
+from cli.flags import definitions as cli_flags
 from cli import run_config
 from cli import run_record
 from cli import run_setup
 import datasets
-import eval as eval_script  # pylint: disable=unused-import  (--eval_split)
+import eval as eval_script  # pylint: disable=unused-import  (its flags)
 import train
 
 FLAGS = flags.FLAGS
@@ -58,9 +58,9 @@ def test_optimizer_settings_reach_the_optimizer():
           optimizer._l2_regularization_strength) == (-1.0, 0.01, 0.02)
 
 
-def test_slims_decay_names_and_the_old_alias():
-  parse("--learning_rate_decay_type=exponential", "--decay_rate=0.3",
-        "--staircase")
+def test_slims_decay_names():
+  parse("--learning_rate_decay_type=exponential",
+        "--learning_rate_decay_factor=0.3", "--staircase")
   config = train.classifier_config(settings(), 10)
   assert (config.decay_rate, config.staircase) == (0.3, True)
   parse("--learning_rate_decay_type=exponential",
@@ -86,12 +86,9 @@ MISTAKES = [
     (["--optimizer=ftrl"], "--optimizer=ftrl with "
      "--learning_rate_decay_type=cosine: FTRL's weights are proportional to "
      "the current learning rate.* add --learning_rate_decay_type=fixed"),
-    (["--decay_rate=0.9"], "--decay_rate shapes the 'exponential' decay, but "
-     "--learning_rate_decay_type=cosine .* add "
-     "--learning_rate_decay_type=exponential"),
-    (["--learning_rate_decay_type=exponential", "--decay_rate=0.9",
-      "--learning_rate_decay_factor=0.8"],
-     "--decay_rate is another name of --learning_rate_decay_factor"),
+    (["--learning_rate_decay_factor=0.9"], "--learning_rate_decay_factor "
+     "shapes the 'exponential' decay, but --learning_rate_decay_type=cosine "
+     ".* add --learning_rate_decay_type=exponential"),
     (["--learning_rate_decay_type=exponential",
       "--learning_rate_decay_factor=1.5"], r"expected a factor in \(0, 1\]"),
     (["--num_epochs_per_decay=2", "--decay_steps=100"],
@@ -101,9 +98,6 @@ MISTAKES = [
     (["--num_epochs_per_decay=0"], "expected a number of epochs > 0"),
     (["--staircase"], "--staircase shapes the 'exponential' decay"),
     (["--dataset_split_name=../train"], "letters, digits and underscores"),
-    (["--eval_split=test", "--dataset_split_name=validation"],
-     "--eval_split is eval.py's earlier name of --dataset_split_name .* "
-     "give only --dataset_split_name"),
     (["--labels_offset=-1"], "expected an offset >= 0"),
     (["--dataset_name=digits", "--labels_offset=1"],
      "digits has labels from class 0 .* --dataset_name=tfrecord"),
@@ -142,7 +136,7 @@ def test_epochs_of_synthetic_data_are_refused():
 def test_each_script_has_its_own_default_split():
   assert run_setup.train_data(settings().data)["split"] == "train"
   assert run_setup.split_name(settings().data, run_setup.EVAL_SPLIT) == "eval"
-  parse("--eval_split=validation")  # eval.py's earlier name, an alias.
+  parse("--dataset_split_name=validation")
   assert run_setup.split_name(settings().data,
                               run_setup.EVAL_SPLIT) == "validation"
   parse("--dataset_split_name=trainval")

@@ -4,7 +4,7 @@ from absl import flags
 import pytest
 
 import estimator_multigpu as emg
-from cli import flags as cli_flags
+from cli.flags import definitions as cli_flags
 from cli import run_setup
 import train
 

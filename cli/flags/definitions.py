@@ -5,7 +5,7 @@ per process, however many scripts a test imports), then in `main` builds
 its settings once with `read(settings.TrainSettings)` (or Eval..., Export...)
 and passes them down: `main` and `read` are the only readers of FLAGS.
 Defaults come from the settings dataclasses (cli/settings.py). `--help`
-groups the flags by purpose (cli/flag_groups.py), not by these functions.
+groups the flags by purpose (cli/flags/grouped_help.py), not by these functions.
 The library defines no flags.
 """
 
@@ -20,10 +20,10 @@ from absl import flags
 import classifier
 import datasets
 import nets
-from cli import flag_use
-from cli import optimization_checks
+from cli.flags import use_table
+from cli.flags import optimization
 from cli import settings
-from cli import validators
+from cli.flags import validators
 from estimator_multigpu import cluster as cluster_lib
 import estimator_multigpu as emg
 from preprocessing import preprocessing_factory
@@ -68,13 +68,13 @@ def read(cls: Type[T], flag_values: flags.FlagValues = FLAGS) -> T:
   field without a flag in this script keeps its default; `given` is the
   set of the fields' flags typed on the command line. A script's settings
   (`cls.SCRIPT`) are first checked for flags it would ignore
-  (cli/flag_use.py).
+  (cli/flags/use_table.py).
 
   Raises:
     ValueError: a flag given that the script, data or mode does not use.
   """
   if hasattr(cls, "SCRIPT"):
-    flag_use.check(flag_values, cls.SCRIPT)
+    use_table.check(flag_values, cls.SCRIPT)
   hints = typing.get_type_hints(cls)
   values = {}
   for field in dataclasses.fields(cls):
@@ -94,7 +94,7 @@ def _plain(name: str, value):
   """A list flag's value as a tuple (settings are frozen); a path flag's
   with `~` and environment variables expanded."""
   if name in PATH_FLAGS:
-    return flag_use.expand_path(value)
+    return use_table.expand_path(value)
   return tuple(value) if isinstance(value, list) else value
 
 
@@ -135,8 +135,6 @@ def _split_and_offset() -> None:
                        "recorded one, else 0).")
   flags.register_validator("dataset_split_name", validators.split_name_ok,
                            message=validators.SPLIT_NAME_EXPECTED)
-  flags.register_validator("dataset_split_name",
-                           validators.split_named_once)
   flags.register_validator("labels_offset", validators.labels_offset_ok,
                            message=validators.LABELS_OFFSET_EXPECTED)
 
@@ -200,7 +198,7 @@ def training() -> None:
       validators.preprocessing_fits_dataset)
   flags.register_multi_flags_validator(["labels_offset", "dataset_name"],
                                        validators.offset_fits_dataset)
-  optimization_checks.register_validators()
+  optimization.register_validators()
 
 
 def _optimization() -> None:
@@ -230,7 +228,7 @@ def _optimization() -> None:
 def _optimizer_settings() -> None:
   """tf-slim's per-optimizer settings and exponential-decay flags."""
   slim = _defaults(settings.OptimizerSettings)
-  for name, text in optimization_checks.SETTING_HELP.items():
+  for name, text in optimization.SETTING_HELP.items():
     flags.DEFINE_float(name, slim[name], text)
   flags.DEFINE_float("opt_epsilon", None, "adam, rmsprop, adadelta: epsilon "
                      "(default: 1e-8 for adam and adadelta, as TensorFlow; "
@@ -240,7 +238,6 @@ def _optimizer_settings() -> None:
       settings.OptimizationSettings)["learning_rate_decay_factor"],
                      "exponential: the learning rate is multiplied by this "
                      "every decay period (tf-slim's default: 0.94).")
-  flags.DEFINE_alias("decay_rate", "learning_rate_decay_factor")
   flags.DEFINE_float("num_epochs_per_decay", None, "The decay period in "
                      "epochs of the training split (tf-slim's): decay_steps "
                      "= examples per epoch / examples per step x this. "
@@ -363,7 +360,6 @@ def evaluation() -> None:
                     "exit.")
   flags.DEFINE_integer("timeout_secs", ev["timeout_secs"], "Stop after this "
                        "long without a new checkpoint.")
-  flags.DEFINE_alias("eval_split", "dataset_split_name")  # earlier name.
   flags.DEFINE_integer("max_num_batches", None, "Evaluate at most this many "
                        "batches of --batch_size (default: the whole split).")
   flags.register_validator(

@@ -4,7 +4,7 @@ Each check is registered by flag name, for the flags the running script
 defines (`register()`, called by each script after its own flags), so a
 mistake such as `--batch_size=0`, `--image_size=0`, `--num_classes=0`,
 `--decay_steps=0` or `--model_name=resnet` ends before TensorFlow builds
-anything, with one line (cli/errors.py) naming the flag, the value given,
+anything, with one line (cli/entry_point.py) naming the flag, the value given,
 the values expected and the fix. A flag left at a default of None is not
 checked (it means "choose for me").
 """
@@ -191,17 +191,6 @@ def split_name_ok(split: Optional[str]) -> bool:
     return split is None or bool(_pipeline.check_split_name(split))
   except ValueError:
     return False
-
-
-def split_named_once(split: Optional[str]) -> bool:
-  """eval.py's `--eval_split` alias and `--dataset_split_name` not both."""
-  alias = FLAGS["eval_split"].present if "eval_split" in FLAGS else 0
-  if alias and FLAGS["dataset_split_name"].present > alias:
-    raise flags.ValidationError(
-        f"--eval_split is eval.py's earlier name of --dataset_split_name "
-        f"(tf-slim's), and both were given (the last one, {split}, would "
-        "win); give only --dataset_split_name.")
-  return True
 
 
 def labels_offset_ok(offset: Optional[int]) -> bool:

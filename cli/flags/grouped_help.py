@@ -21,7 +21,8 @@ from typing import Callable, Optional, Sequence
 from absl import app
 from absl import flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))  # the checkout.
 HELP_ARGS = ("--help", "-h", "-help", "-?", "--helpshort")
 OTHER = "Other"
 
@@ -41,7 +42,7 @@ GROUPS = (
         "adagrad_initial_accumulator_value", "ftrl_learning_rate_power",
         "ftrl_initial_accumulator_value", "ftrl_l1", "ftrl_l2",
         "learning_rate_decay_type", "decay_steps", "num_epochs_per_decay",
-        "learning_rate_decay_factor", "decay_rate", "staircase",
+        "learning_rate_decay_factor", "staircase",
         "end_learning_rate", "warmup_steps", "weight_decay",
         "label_smoothing", "clip_gradients_by_norm", "moving_average_decay",
         "accumulate_steps", "random_seed")),
@@ -50,7 +51,7 @@ GROUPS = (
                      "save_summary_steps", "min_free_disk_mb")),
     ("Fine-tuning", ("checkpoint_exclude_scopes", "trainable_scopes",
                      "ignore_missing_vars")),
-    ("Evaluation", ("once", "timeout_secs", "use_ema_weights", "eval_split",
+    ("Evaluation", ("once", "timeout_secs", "use_ema_weights",
                     "max_num_batches")),
     ("Export", ("export_dir",)),
     ("Cluster", ("ps_hosts", "worker_hosts", "job_name", "task_index",

@@ -1,13 +1,21 @@
 """The scripts' entry point: a mistake ends with one line on stderr.
 
+Importing this module first checks that the scripts' packages are
+installed (`check_installed`), with the standard library only: `python3
+train.py` from a Python without the project's environment ends with one line
+naming the missing packages and the fix, status 2, before absl or
+TensorFlow is imported (outside a script: `ModuleNotFoundError`, same text).
+It only looks for the packages (`importlib.util.find_spec`): importing
+TensorFlow here would come before the scripts quiet its C++ logs.
+
 `run(main, doc)` replaces `app.run(main, flags_parser=...)` in train.py,
-eval.py and export.py. It keeps the grouped `--help` (cli/flag_groups.py)
+eval.py and export.py. It keeps the grouped `--help` (cli/flags/grouped_help.py)
 and turns every error into ONE line on stderr, `<script>: error: <what was
 given, what was expected, how to fix it>`, with an exit status that says
 whose it is:
 
 - 2 (`USAGE`): a bad flag or input: absl's flag errors and validators
-  (cli/validators.py), `ValueError`/`TypeError`/`OSError` raised for the
+  (cli/flags/validators.py), `ValueError`/`TypeError`/`OSError` raised for the
   flags, data files or a model dir that does not fit, bad records (named by
   datasets/record_checks.py), a checkpoint path with no checkpoint.
 - 1 (`FAILURE`): a failure at run time: a NaN loss, a cluster peer that
@@ -27,17 +35,77 @@ passes through: 128 + signal after SIGTERM or Ctrl-C).
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import re
 import sys
 import traceback
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
+SCRIPTS = ("train.py", "eval.py", "export.py", "convert.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# module -> the package that installs it (setup.cfg: the library, cpu/gpu,
+# app).
+REQUIRED = {"absl": "absl-py", "numpy": "numpy", "tensorflow": "tensorflow",
+            "tensorflow_estimator": "tensorflow-estimator",
+            "tf_slim": "tf-slim", "sklearn": "scikit-learn", "tqdm": "tqdm"}
+INSTALL = ('pip install -e ".[cpu,app]" (CUDA GPUs: ".[gpu,app]"; '
+           "TensorFlow is an extra, so that you pick the build)")
+
+
+def missing_packages() -> List[str]:
+  """The packages of REQUIRED this Python cannot import, in order."""
+  return [package for module, package in REQUIRED.items()
+          if importlib.util.find_spec(module) is None]
+
+
+def missing_message(missing: Sequence[str]) -> str:
+  """What is missing, for which Python, and the fix (the checkout's .venv
+  when it has one and this Python is another)."""
+  verb, them = ("is", "it") if len(missing) == 1 else ("are", "them")
+  venv = os.path.join(ROOT, ".venv")
+  fix = f"install {them} from this checkout: {INSTALL}"
+  if os.path.isdir(venv) and os.path.realpath(sys.prefix) != (
+      os.path.realpath(venv)):
+    fix = ("activate the checkout's environment (. .venv/bin/activate), "
+           f"or {fix}")
+  return (f"{', '.join(missing)} {verb} not installed for {sys.executable}: "
+          f"the scripts need {them}; {fix}; then run the command again.")
+
+
+def running_script() -> str:
+  """The script this process runs (train.py, ...), else ''."""
+  name = os.path.basename(sys.argv[0]) if sys.argv else ""
+  return name if name in SCRIPTS else ""
+
+
+def check_installed() -> None:
+  """Nothing when every package of REQUIRED is there.
+
+  Raises:
+    ModuleNotFoundError: packages are missing and no script runs.
+    SystemExit: 2, after one line on stderr, when a script runs.
+  """
+  missing = missing_packages()
+  if not missing:
+    return
+  script = running_script()
+  if script:
+    sys.stderr.write(f"{script}: error: {missing_message(missing)}\n")
+    sys.exit(2)
+  raise ModuleNotFoundError(missing_message(missing), name=missing[0])
+
+
+check_installed()  # before absl: a missing package is one line.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position,g-bad-import-order
 from absl import app
 from absl import flags
 
-from cli import flag_groups
 from cli import script_logging
+from cli.flags import grouped_help
+from cli.flags import unknown
+# pylint: enable=g-import-not-at-top,wrong-import-position,g-bad-import-order
 
 USAGE = 2
 FAILURE = 1
@@ -160,12 +228,17 @@ def report_interrupt(argv: Sequence[str]) -> int:
 
 def parser(doc: str) -> Callable[[list], list]:
   """A `flags_parser`: grouped `--help`, else absl's parse; a flag error is
-  one line and exit status 2 (absl: 'FATAL Flags parsing error', 1)."""
-  help_parser = flag_groups.parser(doc)
+  one line and exit status 2 (absl: 'FATAL Flags parsing error', 1), and
+  every unknown flag is named in that line, with tf-slim's equivalents
+  (cli/flags/unknown.py)."""
+  help_parser = grouped_help.parser(doc)
 
   def parse(argv: list) -> list:
-    if flag_groups.wants_help(argv):
+    if grouped_help.wants_help(argv):
       return help_parser(argv)
+    unknown_flags = unknown.problem(argv, FLAGS)
+    if unknown_flags:
+      sys.exit(report(flags.Error(unknown_flags), argv))
     try:
       return FLAGS(argv)
     except flags.UnrecognizedFlagError as error:

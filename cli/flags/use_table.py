@@ -2,9 +2,9 @@
 
 `USES` says, for every flag that some script, dataset or mode has no use
 for, which scripts read it and under which condition. `check` (called by
-`cli.flags.read`, where every script turns its flags into settings) raises
-for the first flag given on the command line whose row says it would be
-ignored, naming what would use it, e.g.
+`cli.flags.definitions.read`, where every script turns its flags into
+settings) raises for the first flag given on the command line whose row
+says it would be ignored, naming what would use it, e.g.
 
   --dataset_dir=/tmp/flowers is read only with --dataset_name=tfrecord,
   and this run reads --dataset_name=digits, so the folder would be ignored;
@@ -14,7 +14,7 @@ The condition sees the flags' values, with the model dir's record
 (run_config.json) standing in for a data flag not given (eval.py and a
 resumed train.py read the recorded data). Flags without a row are used
 whenever given. Other combinations are checked where they are defined:
-tf-slim's optimizer and decay settings (cli/optimization_checks.py), the
+tf-slim's optimizer and decay settings (cli/flags/optimization.py), the
 restore settings (cli/fine_tuning.py), the checkpoint schedule
 (cli/checkpoints.py), --sync_replicas (cli/cluster_task.py).
 """

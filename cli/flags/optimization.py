@@ -1,18 +1,18 @@
 """Checks of train.py's tf-slim optimization flags, and what they set.
 
 Names, meanings and (mostly) defaults are tf-slim's train_image_classifier.py
-ones. Where this project had its own name first it stays as an alias:
-`--decay_rate` is `--learning_rate_decay_factor`. Two differences from
-slim, kept so that earlier runs mean the same: `--opt_epsilon` defaults to
-TensorFlow's 1e-8 for adam and adadelta (slim: 1.0 for all; rmsprop keeps
-1.0), and `--learning_rate_decay_factor` to 0.5 (slim: 0.94).
+ones. Two differences from slim, kept so that earlier runs mean the same:
+`--opt_epsilon` defaults to TensorFlow's 1e-8 for adam and adadelta (slim:
+1.0 for all; rmsprop keeps 1.0), and `--learning_rate_decay_factor` to 0.5
+(slim: 0.94).
 
 A setting given for another optimizer than `--optimizer`, a decay setting
 the `--learning_rate_decay_type` does not use, two flags for the same thing
 and ftrl with a decaying rate (its weights scale with the rate) are errors,
 never silently ignored. `register_validators()` (called by
-cli/flags.py after it defines `--optimizer` and the schedule flags)
-installs the checks; they read which flags were typed (absl validators).
+cli/flags/definitions.py after it defines `--optimizer` and the schedule
+flags) installs the checks; they read which flags were typed (absl
+validators).
 """
 
 from __future__ import annotations
@@ -47,15 +47,8 @@ DECAY_FLAGS = ("learning_rate_decay_factor", "num_epochs_per_decay",
                "staircase")
 
 def typed_flags(names) -> list:
-  """The flags among `names` on the command line, `--decay_rate` (the
-  alias) counted as itself."""
-  typed = [name for name in names if FLAGS[name].present]
-  alias = FLAGS["decay_rate"].present
-  if alias and "learning_rate_decay_factor" in typed:
-    typed.append("decay_rate")
-    if FLAGS["learning_rate_decay_factor"].present <= alias:
-      typed.remove("learning_rate_decay_factor")
-  return typed
+  """The flags among `names` on the command line."""
+  return [name for name in names if FLAGS[name].present]
 
 
 def misapplied_settings(optimizer: str, given: list) -> Optional[str]:
@@ -80,7 +73,7 @@ def misapplied_settings(optimizer: str, given: list) -> Optional[str]:
 
 def misapplied_decay(decay_type: str, given: list) -> Optional[str]:
   """Why decay flags given do not fit `decay_type` (None: they do)."""
-  for name in ("learning_rate_decay_factor", "decay_rate", "staircase"):
+  for name in ("learning_rate_decay_factor", "staircase"):
     if name in given and decay_type != "exponential":
       return (f"--{name} shapes the 'exponential' decay, but "
               f"--learning_rate_decay_type={decay_type} (tf-slim's default "
@@ -95,9 +88,6 @@ def misapplied_decay(decay_type: str, given: list) -> Optional[str]:
 
 def duplicated_flags(given: list) -> Optional[str]:
   """Why two flags given say the same thing (None: they do not)."""
-  if "learning_rate_decay_factor" in given and "decay_rate" in given:
-    return ("--decay_rate is another name of --learning_rate_decay_factor "
-            "(tf-slim's); give only one of them.")
   if "num_epochs_per_decay" in given and "decay_steps" in given:
     return ("--num_epochs_per_decay and --decay_steps both set the decay "
             "period (in epochs and in steps); give only one of them.")
