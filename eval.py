@@ -35,13 +35,13 @@ import tqdm
 import estimator_multigpu as emg
 from estimator_multigpu.runtime import evaluation
 import classifier
-from cli import checkpoints
 from cli import cluster_task
 from cli import errors
 from cli import flags as cli_flags
-from cli import model_dir_check
 from cli import run_setup
 from cli import settings as settings_lib
+from cli.model_dir import checkpoints
+from cli.model_dir import restore_check
 import datasets
 
 FLAGS = flags.FLAGS
@@ -183,10 +183,10 @@ def run(settings: Settings) -> dict:
   """Checks the model_dir fits, then evaluates: the checkpoint given, else
   each new one; returns the last metrics."""
   planned, ev = plan(settings), settings.evaluation
-  model_dir_check.check_estimator(
-      build_estimator(model_dir_check.one_tower(planned.towers),
+  restore_check.check_estimator(
+      build_estimator(restore_check.one_tower(planned.towers),
                       planned.config, planned.model_dir, use_ema=False),
-      model_dir_check.input_specs(planned.input_fn),
+      restore_check.input_specs(planned.input_fn),
       planned.config.num_classes, tf.estimator.ModeKeys.EVAL,
       planned.checkpoint)
   if planned.checkpoint:

@@ -51,19 +51,19 @@ from estimator_multigpu.cluster import job_control
 
 import classifier
 import datasets
-from cli import checkpoints
 from cli import cluster_task
 from cli import errors
 from cli import fine_tuning
 from cli import flags as cli_flags
-from cli import model_dir_check
 from cli import optimization_checks
 from cli import run_checks
-from cli import run_record
-from cli import run_settings
 from cli import run_setup
 from cli import settings as settings_lib
-from cli import train_checks
+from cli.model_dir import checkpoints
+from cli.model_dir import restore_check
+from cli.model_dir import run_record
+from cli.model_dir import run_settings
+from cli.model_dir import train_checks
 
 FLAGS = flags.FLAGS
 FLAG_GROUPS = (cli_flags.shared, cli_flags.training, cli_flags.fine_tuning,
@@ -258,7 +258,8 @@ def _all_reduce_options(settings: Settings, task: cluster.Task,
                         towers: run_setup.Towers,
                         estimator: tf.estimator.Estimator) -> dict:
   """`run_task`'s options for train.py: the settings every task must share
-  (cli/run_settings.py), the tasks' names as started, the grace time."""
+  (cli/model_dir/run_settings.py), the tasks' names as started, the grace
+  time."""
   shared = run_settings.across_tasks(
       settings, estimator.params["classifier"], len(towers.devices))
   return dict(max_steps=settings.optimization.max_steps,
@@ -322,11 +323,11 @@ def check_model_dir(task: Optional[cluster.Task], settings: Settings,
   fits; False when a local run has nothing left to train."""
   if task is not None and not task.is_chief:
     return True
-  one_tower = model_dir_check.one_tower(planned.towers)
-  model_dir_check.check_estimator(
+  one_tower = restore_check.one_tower(planned.towers)
+  restore_check.check_estimator(
       make_estimator(settings, task, one_tower, planned.config,
                      planned.schedule),
-      model_dir_check.input_specs(planned.input_fn), planned.setup.num_classes)
+      restore_check.input_specs(planned.input_fn), planned.setup.num_classes)
   return task is not None or not train_checks.nothing_to_train(
       settings.run.model_dir, settings.optimization.max_steps)
 

@@ -23,9 +23,9 @@ from estimator_multigpu import devices as devices_lib
 
 import datasets
 import nets
-from cli import run_config
 from cli import settings as settings_lib
 from cli import validators
+from cli.model_dir import run_config
 from preprocessing import preprocessing_factory
 
 TRAIN_SPLIT = "train"

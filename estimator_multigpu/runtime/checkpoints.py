@@ -242,10 +242,3 @@ def _write_state(model_dir: str, state, state_problem: Optional[str],
                     os.path.join(model_dir, STATE_FILE), chosen.name,
                     os.path.basename(state.model_checkpoint_path))
 
-
-def newest_finite_checkpoint(model_dir: str) -> Optional[str]:
-  """The newest checkpoint in `model_dir` that restores with finite values."""
-  for checkpoint in reversed(find_checkpoints(model_dir)):
-    if unusable_reason(checkpoint) is None:
-      return checkpoint.prefix
-  return None

@@ -11,11 +11,11 @@ import classifier
 from cli import flags as cli_flags
 import datasets
 from cli import run_checks
-from cli import run_config
-from cli import run_record
 from cli import run_setup
-from cli import settings as settings_lib
 from cli import script_logging
+from cli import settings as settings_lib
+from cli.model_dir import run_config
+from cli.model_dir import run_record
 import train
 
 FLAGS = flags.FLAGS

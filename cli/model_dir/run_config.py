@@ -19,18 +19,16 @@ import os
 from typing import Optional
 
 import classifier
-from cli import run_settings
+from cli.model_dir import run_settings
 
 FILENAME = "run_config.json"
 FORMAT_VERSION = 1
-# The rules live in one table (`cli.run_settings`), which the tasks of an
+# The rules live in one table (`cli.model_dir.run_settings`), which the tasks of an
 # all-reduce job read too.
 MUST_MATCH = run_settings.names(on_resume=run_settings.MUST_MATCH)
 # Compared on a resume, with the settings of the current optimizer
 # (`classifier.OPTIMIZER_SETTINGS`).
 SCHEDULE_FIELDS = run_settings.names(schedule=True)
-# Flags whose value a ClassifierConfig field holds under the same name.
-SCHEDULE_FLAGS = {"decay_steps": "decay_steps"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,9 +10,9 @@ from absl import logging
 import tensorflow as tf
 
 import classifier
-from cli import run_config
 from cli import run_setup
 from cli import settings as settings_lib
+from cli.model_dir import run_config
 import datasets
 
 

@@ -3,7 +3,7 @@
 Two checks read this table: the tasks of an all-reduce job compare the
 settings marked `across_tasks` before their first step
 (`estimator_multigpu.cluster.agreement`), and a resumed run compares its
-settings with the model dir's `run_config.json` (`cli.run_config`): those
+settings with the model dir's `run_config.json` (`cli.model_dir.run_config`): those
 marked `MUST_MATCH` stop it (the checkpoints would not load), those marked
 `MAY_CHANGE` may change (e.g. a larger --max_steps, another learning rate;
 `schedule` ones are reported in a WARNING).
