@@ -18,7 +18,8 @@ each worker per step; without it the workers update asynchronously.
 
 The run's configuration (net, classes, image size, preprocessing, schedule,
 towers, options) is written to --model_dir/run_config.json, so eval.py and
-export.py need only --model_dir; a resume takes the net and data from it.
+export.py need only --model_dir; a resume takes the net and data from it
+and refuses other ones (a schedule may change).
 Fine-tuning uses tf-slim's flags (cli/fine_tuning.py): --checkpoint_path
 starts a new --model_dir from another run's checkpoint, without the
 --checkpoint_exclude_scopes, training only --trainable_scopes.
@@ -61,6 +62,7 @@ from cli import run_setup
 from cli import settings as settings_lib
 from cli.model_dir import checkpoints
 from cli.model_dir import restore_check
+from cli.model_dir import resume
 from cli.model_dir import run_record
 from cli.model_dir import run_settings
 from cli.model_dir import train_checks
@@ -298,6 +300,8 @@ def plan(task: Optional[cluster.Task], settings: Settings) -> Plan:
   run = settings.run
   towers = run_setup.towers(settings.towers)
   setup = run_setup.model_setup(run.model_dir, settings.model, settings.data)
+  if task is None or task.is_chief:
+    resume.check(run.model_dir, setup)
   config = classifier_config(settings, setup.num_classes,
                              cluster_task.replicas_to_aggregate(
                                  task, settings.cluster.sync_replicas),

@@ -5,6 +5,7 @@
 - `run_config`: run_config.json, the record train.py writes beside the
   checkpoints; eval.py and export.py read it.
 - `run_record`: what train.py records and says on a resume.
+- `resume`: a resumed train.py refuses another net or other data.
 - `checkpoints`: the checkpoint a path names; a model dir that can save.
 - `restore_check`: the model dir's checkpoint fits the graph this run builds.
 - `train_checks`: train.py's checks before it builds the training graph.

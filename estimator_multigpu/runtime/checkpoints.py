@@ -216,8 +216,8 @@ def prepare_model_dir(model_dir: str) -> Optional[str]:
                     "instead.", checkpoint.prefix, reason, where,
                     chosen.prefix)
   _write_state(model_dir, state, state_problem, chosen)
-  logging.info("Resuming from checkpoint %s (step %d).", chosen.prefix,
-               chosen.step)
+  logging.debug("Resuming from checkpoint %s (step %d).", chosen.prefix,
+                chosen.step)
   return chosen.prefix
 
 

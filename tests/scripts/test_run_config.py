@@ -123,7 +123,7 @@ def test_a_changed_schedule_says_what_changed_and_how_to_keep_it():
   rates = (run_record.learning_rate_at(old, 100), run_record.learning_rate_at(new, 100))
   assert rates[0] == pytest.approx(0.0, abs=1e-7)
   assert rates[1] == pytest.approx(0.025 * (1 + 0.17364818), rel=1e-5)
-  message = run_config.schedule_change_message(changes, 100, "runs/x", rates)
+  message = run_config.schedule_change_message(changes, 100, rates)
   assert "decay_steps 80 -> 180" in message
   assert "moves from 0 to 0.02934" in message
   assert message.endswith("To keep the recorded schedule, pass "
