@@ -51,7 +51,7 @@ GROUPS = (
     ("Fine-tuning", ("checkpoint_exclude_scopes", "trainable_scopes",
                      "ignore_missing_vars")),
     ("Evaluation", ("once", "timeout_secs", "use_ema_weights", "eval_split",
-                    "max_num_batches")),
+                    "max_num_batches", "eval_events_dir")),
     ("Export", ("export_dir",)),
     ("Cluster", ("ps_hosts", "worker_hosts", "job_name", "task_index",
                  "sync_replicas", "ps_wait_secs", "ps_linger_secs",

@@ -9,4 +9,5 @@
 - `checkpoints`: the checkpoint a path names; a model dir that can save.
 - `restore_check`: the model dir's checkpoint fits the graph this run builds.
 - `train_checks`: train.py's checks before it builds the training graph.
+- `eval_dirs`: the run eval.py evaluates, and where its events go.
 """

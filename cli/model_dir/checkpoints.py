@@ -1,5 +1,6 @@
 """Checkpoints and model dirs of the scripts: the checkpoint a path names,
-whether it holds moving averages, and the checks that a run can save.
+whether it holds moving averages, and the checks that a model dir is a
+folder and that a run can save there.
 
 `check_model_dir` fails before any step when the model dir cannot be
 written or its disk is nearly full; `checkpoint_schedule` refuses a schedule
@@ -65,13 +66,27 @@ def checkpoint_has_ema(checkpoint: str) -> bool:
              for name, _ in tf.train.list_variables(checkpoint))
 
 
+def check_folder(model_dir: str) -> None:
+  """Refuses a --model_dir that is a file.
+
+  Raises:
+    ValueError: naming it and the fix.
+  """
+  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+    raise ValueError(
+        f"--model_dir={model_dir} is a file, not a folder; give the folder "
+        "train.py writes its checkpoints to (a new path starts a new run).")
+
+
 def check_model_dir(model_dir: str, min_free_mb: int) -> None:
   """Fails before any step when checkpoints could not be written.
 
   Raises:
+    ValueError: the model dir is a file.
     OSError: the directory cannot be created or written, or its disk has
       less than `min_free_mb` MB free.
   """
+  check_folder(model_dir)
   try:
     os.makedirs(model_dir, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".write_check"):

@@ -20,6 +20,7 @@ import os
 from typing import Optional
 
 import classifier
+from cli.model_dir import checkpoints
 from cli.model_dir import run_settings
 
 FILENAME = "run_config.json"
@@ -98,8 +99,10 @@ def read(model_dir: str) -> Optional[RunRecord]:
   """The recorded configuration, or None when the model_dir has none.
 
   Raises:
-    ValueError: the file exists but cannot be read as a record.
+    ValueError: the model dir is a file, or the record exists but cannot be
+      read as one.
   """
+  checkpoints.check_folder(model_dir)
   try:
     with open(path(model_dir)) as f:
       data = json.load(f)
