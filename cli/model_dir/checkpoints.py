@@ -18,12 +18,15 @@ from typing import Optional
 
 import tensorflow as tf
 
+from estimator_multigpu.runtime import checkpoints as checkpoints_lib
+
 # The files of a checkpoint, after its prefix.
 _CHECKPOINT_FILE = re.compile(r"\.(index|meta|data-\d+-of-\d+)$")
 
 
 def resolve_checkpoint(path: str, flag: str = "--checkpoint_path") -> str:
-  """The checkpoint `path` names: itself, or a directory's latest.
+  """The checkpoint `path` names: itself, or a directory's latest (the
+  newest that reads back when it has no `checkpoint` state file).
 
   Args:
     path: a checkpoint prefix (`.../model.ckpt-1500`) or a directory.
@@ -37,13 +40,12 @@ def resolve_checkpoint(path: str, flag: str = "--checkpoint_path") -> str:
       holds one.
   """
   if tf.io.gfile.isdir(path):
-    latest = tf.train.latest_checkpoint(path)
+    latest = tf.train.latest_checkpoint(path) or _newest_on_disk(path)
     if latest is None:
       raise FileNotFoundError(
-          f"{flag}={path} is a directory without a checkpoint (no "
-          "`checkpoint` state file naming one); give a directory where "
-          "train.py saved checkpoints, or a checkpoint such as "
-          f"{os.path.join(path, 'model.ckpt-1500')}.")
+          f"{flag}={path} is a directory without a checkpoint that reads "
+          "back; give a directory where train.py saved checkpoints, or a "
+          f"checkpoint such as {os.path.join(path, 'model.ckpt-1500')}.")
     return latest
   if not tf.io.gfile.exists(path + ".index"):
     raise FileNotFoundError(
@@ -52,6 +54,12 @@ def resolve_checkpoint(path: str, flag: str = "--checkpoint_path") -> str:
         f"runs/digits/model.ckpt-1500) or a directory holding checkpoints"
         f"{_suffix_hint(path)}.")
   return path
+
+
+def _newest_on_disk(directory: str) -> Optional[str]:
+  """Without a state file: the newest checkpoint there that reads back."""
+  found = checkpoints_lib.newest_readable(directory)
+  return found.prefix if found else None
 
 
 def _suffix_hint(path: str) -> str:

@@ -120,6 +120,8 @@ def test_without_the_state_file_the_checkpoints_on_disk_are_found(
   os.remove(f"{run}/checkpoint")
   status, result = evaluate([f"--model_dir={run}", "--once"], capsys)
   assert status == 0 and result["global_step"] == 6, result
+  status, result = evaluate([f"--checkpoint_path={run}"], capsys)
+  assert status == 0 and result["global_step"] == 6, result
   assert not os.path.exists(f"{run}/checkpoint")  # eval.py writes nothing.
 
 
