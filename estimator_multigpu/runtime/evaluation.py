@@ -25,7 +25,6 @@ from estimator_multigpu.runtime import checkpoints as checkpoints_lib
 EvaluateFn = Callable[[str], dict]
 REPORT_EVERY_SECS = 60.0  # while waiting for a checkpoint, a line this often.
 POLL_SECS = 1.0  # how often the model dir is looked at while waiting.
-RETRIES = 5  # checkpoints rotated away under one evaluation, at most.
 
 
 class CheckpointWatch:
@@ -125,19 +124,19 @@ def evaluate_present(evaluate_fn: EvaluateFn, checkpoint: str,
                      watch: CheckpointWatch) -> tuple:
   """(checkpoint, `evaluate_fn(checkpoint)`); when the checkpoint is removed
   before it is read (a live training keeps only its newest ones), the
-  newest readable one instead, with a WARNING.
+  newest readable one instead, with a WARNING. Each retry takes a newer
+  step, so the retries end with the training's saves.
 
   Raises:
-    tf.errors.OpError, ValueError: evaluating failed, with the checkpoint
-      still there, or with no readable one left, or `RETRIES` times in a
-      row.
+    tf.errors.OpError, ValueError: evaluating failed with the checkpoint
+      still there, or with no newer readable one.
   """
-  for retry in range(RETRIES + 1):
+  while True:
     try:
       return checkpoint, evaluate_fn(checkpoint)
     except (tf.errors.OpError, ValueError):  # ValueError: Saver.restore's
       # "not a valid checkpoint", for one removed between its checks.
-      if tf.io.gfile.exists(checkpoint + ".index") or retry == RETRIES:
+      if tf.io.gfile.exists(checkpoint + ".index"):
         raise
       newest = watch.newest()
       if newest is None:

@@ -198,12 +198,12 @@ def wait_for_checkpoint(model_dir: str, process: subprocess.Popen,
 @pytest.mark.slow
 def test_eval_next_to_a_live_training_evaluates_to_the_last_step(tmp_path):
   # A checkpoint every step, 5 kept: eval.py often chooses one that the
-  # training deletes before it is read.
+  # training deletes before it is read (here: every time until the end).
   model_dir = str(tmp_path / "live")
   python = [sys.executable, "-u"]
   train = subprocess.Popen(
       [*python, os.path.join(ROOT, "train.py"), f"--model_dir={model_dir}",
-       "--model_name=mlp", "--max_steps=150", "--save_checkpoints_steps=1",
+       "--model_name=mlp", "--max_steps=300", "--save_checkpoints_steps=1",
        "--batch_size=8"], cwd=ROOT, stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE, text=True)
   try:
@@ -217,4 +217,4 @@ def test_eval_next_to_a_live_training_evaluates_to_the_last_step(tmp_path):
   assert train.returncode == 0, train_err[-2000:]
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   assert "is not a checkpoint" not in evaluated.stderr
-  assert metrics(evaluated.stdout)["global_step"] == 150
+  assert metrics(evaluated.stdout)["global_step"] == 300
