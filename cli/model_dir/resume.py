@@ -83,5 +83,5 @@ def check(model_dir: str, setup) -> None:
     raise ValueError(
         f"--dataset_name={setup.dataset_name} gives {current}-channel images "
         f"but --model_dir={model_dir} was trained on {recorded}-channel "
-        "images; its first layer cannot take them. Give data with "
-        f"{recorded} channels, or train in a new --model_dir.")
+        "images; its first layer cannot take them. Give "
+        f"{recorded}-channel data, or train in a new --model_dir.")

@@ -7,6 +7,7 @@ schedule may change, with one INFO line. Through train.py's entry point, in
 this process; one refusal also as a real process (slow).
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,6 +18,9 @@ from absl import logging
 import pytest
 import tensorflow as tf
 
+from cli import run_setup
+from cli.model_dir import resume
+from cli.model_dir import run_config
 from test_mistakes import ROOT
 from test_mistakes import run_in_process
 from test_mistakes import the_error_line
@@ -99,14 +103,12 @@ def test_other_channels_than_recorded_are_refused(run, capsys):
 
 def test_resume_takes_the_data_from_the_record_and_names_the_schedule(
     run, caplog):
-  # The same dir spelt another way is the same data; a new learning rate
-  # may change. 4 classes stay 4 (LeNet/fc4/biases is [4]).
+  # No data flag: the recorded 4-class records (LeNet/fc4/biases stays
+  # [4]); a new learning rate may change.
   caplog.set_level(logging.INFO, logger="absl")
-  other_spelling = os.path.join(run["four"], "..", "four") + os.sep
   assert run_in_process("train", [
       f"--model_dir={run['model_dir']}", "--batch_size=2", "--max_steps=4",
-      f"--dataset_dir={other_spelling}", "--learning_rate=0.1",
-      "--verbosity=0"]) == 0
+      "--learning_rate=0.1", "--verbosity=0"]) == 0
   checkpoint = tf.train.latest_checkpoint(run["model_dir"])
   assert checkpoint.endswith("model.ckpt-4")
   assert tf.train.load_variable(checkpoint, "LeNet/fc4/biases").shape == (4,)
@@ -124,8 +126,20 @@ def test_resume_takes_the_data_from_the_record_and_names_the_schedule(
           if r.getMessage() in resumed] == ["INFO"]
   with open(os.path.join(run["model_dir"], "run_config.json")) as f:
     record = json.load(f)
-  assert record["dataset_dir"] == other_spelling  # as given.
+  assert record["dataset_dir"] == run["four"]
   assert record["classifier"]["num_classes"] == 4
+  assert record["classifier"]["learning_rate"] == 0.1
+
+
+def test_the_same_dataset_dir_spelt_another_way_is_the_same_data(
+    four_class_run):
+  record = run_config.read(four_class_run["model_dir"])
+  same = os.path.relpath(four_class_run["four"]) + os.sep + "." + os.sep
+  setup = run_setup.ModelSetup("lenet", 4, 8, "tfrecord", same, record)
+  assert resume.differences(record, setup) == []
+  other = dataclasses.replace(setup, dataset_dir=four_class_run["two"])
+  assert resume.differences(record, other) == [
+      ("dataset_dir", four_class_run["four"], four_class_run["two"])]
 
 
 @pytest.mark.slow
