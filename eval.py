@@ -11,11 +11,10 @@ not read back is skipped with a WARNING naming it, and one that a live
 training rotates away while it is evaluated is replaced by the newest one.
 The model dir is only read: the events go to <model_dir>/eval, or to
 --eval_events_dir, or (a read-only model dir) to a temporary folder, named
-in the log. --checkpoint_path
-evaluates exactly that checkpoint (a directory: its latest) once; its
-directory is the model_dir unless --model_dir is given. --max_num_batches
-evaluates at most that many batches (tf-slim's flag). The last line printed
-is `key=value` pairs, e.g.
+in the log. --checkpoint_path evaluates exactly that checkpoint (a
+directory: its latest) once; its directory is the model_dir unless
+--model_dir is given. --max_num_batches evaluates at most that many batches
+(tf-slim's flag). The last line printed is `key=value` pairs, e.g.
 `accuracy=0.9694 global_step=1500 loss=0.1025 top_5=0.9972`.
 """
 
