@@ -3,13 +3,18 @@
 The net, classes, image size, data and last step come from the model_dir's
 run_config.json (written by train.py); a flag given here overrides the
 record, except that --model_name and --num_classes must match it.
---once evaluates the latest checkpoint; otherwise every new checkpoint is
+--once evaluates the newest checkpoint; otherwise every new checkpoint is
 evaluated as it appears, until one at the recorded last step (or
---max_steps), or --timeout_secs without a new one. --checkpoint_path
-evaluates exactly that checkpoint (a directory: its latest) once; its
-directory is the model_dir unless --model_dir is given. --max_num_batches
-evaluates at most that many batches (tf-slim's flag). The last line printed
-is `key=value` pairs, e.g.
+--max_steps), or --timeout_secs without a new one. Checkpoints are found on
+disk (with or without the `checkpoint` state file); a newest one that does
+not read back is skipped with a WARNING naming it, and one that a live
+training rotates away while it is evaluated is replaced by the newest one.
+The model dir is only read: the events go to <model_dir>/eval, or to
+--eval_events_dir, or (a read-only model dir) to a temporary folder, named
+in the log. --checkpoint_path evaluates exactly that checkpoint (a
+directory: its latest) once; its directory is the model_dir unless
+--model_dir is given. --max_num_batches evaluates at most that many batches
+(tf-slim's flag). The last line printed is `key=value` pairs, e.g.
 `accuracy=0.9694 global_step=1500 loss=0.1025 top_5=0.9972`.
 """
 
@@ -35,12 +40,13 @@ import tqdm
 import estimator_multigpu as emg
 from estimator_multigpu.runtime import evaluation
 import classifier
-from cli import checkpoints
 from cli import cluster_task
 from cli.flags import definitions as cli_flags
-from cli import model_dir_check
 from cli import run_setup
 from cli import settings as settings_lib
+from cli.model_dir import checkpoints
+from cli.model_dir import eval_dirs
+from cli.model_dir import restore_check
 import datasets
 
 FLAGS = flags.FLAGS
@@ -87,13 +93,20 @@ def num_eval_batches(dataset_name: str, split: str,
 
 def build_estimator(towers: run_setup.Towers,
                     config: classifier.ClassifierConfig, model_dir: str,
-                    use_ema: bool) -> tf.estimator.Estimator:
-  """The classifier on the towers; EMA weights loaded when `use_ema`."""
+                    use_ema: bool, events_dir: Optional[str] = None
+                    ) -> tf.estimator.Estimator:
+  """The classifier on the towers; EMA weights loaded when `use_ema`; its
+  evaluation events in `events_dir` (None: `<model_dir>/eval`)."""
   model_fn = emg.multi_gpu(classifier.model_fn, devices=towers.devices,
                            ema_decay=0.999 if use_ema else None)  # names only.
-  return tf.estimator.Estimator(
+  estimator = tf.estimator.Estimator(
       model_fn, params={"classifier": config}, config=tf.estimator.RunConfig(
           model_dir=model_dir, session_config=towers.session_config))
+  if events_dir is not None:
+    # Estimator forbids subclasses to override `eval_dir`; `evaluate` calls
+    # it for the one folder it writes to (a checkpoint path is always given).
+    estimator.eval_dir = lambda name=None: events_dir
+  return estimator
 
 
 def evaluate(estimator: tf.estimator.Estimator, input_fn, checkpoint: str,
@@ -116,8 +129,10 @@ def checkpoint_and_model_dir(checkpoint_path: Optional[str], model_dir: str,
 
   Raises:
     FileNotFoundError: --checkpoint_path names no checkpoint.
+    ValueError: --model_dir holds no run but lies in one (`<run>/eval`).
   """
   if not checkpoint_path:
+    eval_dirs.check_run_dir(model_dir)
     return None, model_dir
   checkpoint = checkpoints.resolve_checkpoint(checkpoint_path)
   if not model_dir_given:
@@ -143,6 +158,7 @@ class Evaluation(NamedTuple):
   max_steps: int
   input_fn: object
   total_batches: Optional[int]
+  events_dir: str
 
 
 def plan(settings: Settings) -> Evaluation:
@@ -161,7 +177,8 @@ def plan(settings: Settings) -> Evaluation:
       run_setup.recorded_max_steps(setup.record, ev.max_steps,
                                    "max_steps" in ev.given),
       eval_input_fn(setup, split, data.batch_size),
-      num_eval_batches(setup.dataset_name, split, data.batch_size))
+      num_eval_batches(setup.dataset_name, split, data.batch_size),
+      eval_dirs.events_dir(model_dir, ev.eval_events_dir))
 
 
 def evaluate_checkpoint(settings: Settings, planned: Evaluation,
@@ -173,27 +190,41 @@ def evaluate_checkpoint(settings: Settings, planned: Evaluation,
   logging.info("Evaluating %s (%s weights)", checkpoint,
                "moving-average" if use_ema else "raw")
   estimator = build_estimator(planned.towers, planned.config,
-                              planned.model_dir, use_ema)
+                              planned.model_dir, use_ema, planned.events_dir)
   return evaluate(estimator, planned.input_fn, checkpoint,
                   planned.total_batches, settings.evaluation.max_num_batches)
 
 
-def run(settings: Settings) -> dict:
-  """Checks the model_dir fits, then evaluates: the checkpoint given, else
-  each new one; returns the last metrics."""
-  planned, ev = plan(settings), settings.evaluation
-  model_dir_check.check_estimator(
-      build_estimator(model_dir_check.one_tower(planned.towers),
+def check_fits(planned: Evaluation, checkpoint: str) -> None:
+  """Raises when `checkpoint` does not fit the graph eval.py builds.
+
+  Raises:
+    ValueError: saying what it was written with and the fix.
+  """
+  restore_check.check_estimator(
+      build_estimator(restore_check.one_tower(planned.towers),
                       planned.config, planned.model_dir, use_ema=False),
-      model_dir_check.input_specs(planned.input_fn),
-      planned.config.num_classes, tf.estimator.ModeKeys.EVAL,
-      planned.checkpoint)
+      restore_check.input_specs(planned.input_fn),
+      planned.config.num_classes, tf.estimator.ModeKeys.EVAL, checkpoint)
+
+
+def run(settings: Settings) -> dict:
+  """Evaluates the checkpoint given, else each new one (the first is
+  checked to fit the graph); returns the last metrics."""
+  planned, ev = plan(settings), settings.evaluation
+  checked = set()
+
+  def evaluate_one(checkpoint: str) -> dict:
+    if not checked:
+      check_fits(planned, checkpoint)
+      checked.add(checkpoint)
+    return evaluate_checkpoint(settings, planned, checkpoint)
+
   if planned.checkpoint:
-    return evaluate_checkpoint(settings, planned, planned.checkpoint)
+    return evaluate_one(planned.checkpoint)
   return evaluation.evaluate_checkpoints(
-      lambda path: evaluate_checkpoint(settings, planned, path),
-      planned.model_dir, planned.max_steps, ev.timeout_secs, once=ev.once,
-      require_max_steps=False)
+      evaluate_one, planned.model_dir, planned.max_steps, ev.timeout_secs,
+      once=ev.once, require_max_steps=False)
 
 
 def main(argv):

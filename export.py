@@ -39,12 +39,12 @@ import tensorflow as tf
 import estimator_multigpu as emg
 
 import classifier
-from cli import checkpoints
 from cli import cluster_task
 from cli.flags import definitions as cli_flags
-from cli import model_dir_check
 from cli import run_setup
 from cli import settings as settings_lib
+from cli.model_dir import checkpoints
+from cli.model_dir import restore_check
 import datasets
 import serving
 
@@ -100,7 +100,7 @@ def export(settings: Settings) -> str:
                setup.num_classes, setup.image_size, setup.image_size,
                preprocessing.get("pixel_scale", 1.0))
   estimator = build_estimator(setup.classifier_config(), model_dir, use_ema)
-  model_dir_check.check_estimator(estimator, serving_specs(
+  restore_check.check_estimator(estimator, serving_specs(
       setup.image_size, preprocessing), setup.num_classes,
                                   tf.estimator.ModeKeys.PREDICT, checkpoint)
   path = estimator.export_saved_model(

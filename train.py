@@ -18,7 +18,8 @@ each worker per step; without it the workers update asynchronously.
 
 The run's configuration (net, classes, image size, preprocessing, schedule,
 towers, options) is written to --model_dir/run_config.json, so eval.py and
-export.py need only --model_dir; a resume takes the net and data from it.
+export.py need only --model_dir; a resume takes the net and data from it
+and refuses other ones (a schedule may change).
 Fine-tuning uses tf-slim's flags (cli/fine_tuning.py): --checkpoint_path
 starts a new --model_dir from another run's checkpoint, without the
 --checkpoint_exclude_scopes, training only --trainable_scopes.
@@ -53,18 +54,19 @@ from estimator_multigpu.cluster import job_control
 
 import classifier
 import datasets
-from cli import checkpoints
 from cli import cluster_task
 from cli import fine_tuning
 from cli.flags import definitions as cli_flags
-from cli import model_dir_check
 from cli.flags import optimization as optimization_flags
 from cli.flags import advice
-from cli import run_record
-from cli import run_settings
 from cli import run_setup
 from cli import settings as settings_lib
-from cli import train_checks
+from cli.model_dir import checkpoints
+from cli.model_dir import restore_check
+from cli.model_dir import resume
+from cli.model_dir import run_record
+from cli.model_dir import run_settings
+from cli.model_dir import train_checks
 
 FLAGS = flags.FLAGS
 FLAG_GROUPS = (cli_flags.shared, cli_flags.training, cli_flags.fine_tuning,
@@ -259,7 +261,8 @@ def _all_reduce_options(settings: Settings, task: cluster.Task,
                         towers: run_setup.Towers,
                         estimator: tf.estimator.Estimator) -> dict:
   """`run_task`'s options for train.py: the settings every task must share
-  (cli/run_settings.py), the tasks' names as started, the grace time."""
+  (cli/model_dir/run_settings.py), the tasks' names as started, the grace
+  time."""
   shared = run_settings.across_tasks(
       settings, estimator.params["classifier"], len(towers.devices))
   return dict(max_steps=settings.optimization.max_steps,
@@ -298,6 +301,8 @@ def plan(task: Optional[cluster.Task], settings: Settings) -> Plan:
   run = settings.run
   towers = run_setup.towers(settings.towers)
   setup = run_setup.model_setup(run.model_dir, settings.model, settings.data)
+  if task is None or task.is_chief:
+    resume.check(run.model_dir, setup)
   advice.check_sync_batch_norm(settings.multi_gpu.sync_batch_norm,
                                setup.model_name)
   config = classifier_config(settings, setup.num_classes,
@@ -326,11 +331,11 @@ def check_model_dir(task: Optional[cluster.Task], settings: Settings,
   fits; False when a local run has nothing left to train."""
   if task is not None and not task.is_chief:
     return True
-  one_tower = model_dir_check.one_tower(planned.towers)
-  model_dir_check.check_estimator(
+  one_tower = restore_check.one_tower(planned.towers)
+  restore_check.check_estimator(
       make_estimator(settings, task, one_tower, planned.config,
                      planned.schedule),
-      model_dir_check.input_specs(planned.input_fn), planned.setup.num_classes)
+      restore_check.input_specs(planned.input_fn), planned.setup.num_classes)
   return task is not None or not train_checks.nothing_to_train(
       settings.run.model_dir, settings.optimization.max_steps)
 

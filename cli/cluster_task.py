@@ -16,9 +16,9 @@ from absl import logging
 from estimator_multigpu.runtime import checkpoints as checkpoints_lib
 from estimator_multigpu import cluster
 
-from cli import checkpoints
 from cli import run_setup
 from cli import settings as settings_lib
+from cli.model_dir import checkpoints
 
 
 def cluster_task(settings: settings_lib.ClusterSettings,

@@ -40,9 +40,9 @@ import estimator_multigpu as emg
 from estimator_multigpu import slim_compat
 
 import classifier
-from cli import checkpoints
-from cli import run_config
 from cli import settings as settings_lib
+from cli.model_dir import checkpoints
+from cli.model_dir import run_config
 import nets
 
 tf1 = tf.compat.v1

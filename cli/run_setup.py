@@ -24,11 +24,11 @@ from estimator_multigpu import devices as devices_lib
 
 import datasets
 import nets
-from cli import run_config
 from cli import settings as settings_lib
 from cli.data import classes
 from cli.data import images
 from cli.flags import validators
+from cli.model_dir import run_config
 from preprocessing import preprocessing_factory
 
 TRAIN_SPLIT = "train"

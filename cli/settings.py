@@ -174,6 +174,7 @@ class EvaluationSettings:
   timeout_secs: int = 600
   max_num_batches: Optional[int] = None
   use_ema_weights: bool = True
+  eval_events_dir: Optional[str] = None  # the model-dir room (issue 35).
   given: Names = frozenset()
 
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import datasets
 import nets
-from cli import run_config
+from cli.model_dir import run_config
 
 
 def channels(dataset_name: str) -> int:

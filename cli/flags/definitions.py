@@ -366,6 +366,11 @@ def evaluation() -> None:
       "max_num_batches", lambda value: value is None or value > 0,
       message="expected a number of batches > 0; omit --max_num_batches to "
       "evaluate the whole split.")
+  # The model-dir room (issue 35): a read-only model dir's events.
+  flags.DEFINE_string("eval_events_dir", None, "Where to write the "
+                      "evaluation's events (TensorBoard) instead of "
+                      "<model_dir>/eval (default: there, or a new temporary "
+                      "folder when the model dir cannot be written).")
 
 
 def export() -> None:

@@ -2,7 +2,7 @@
 
 absl's own `--help` lists only the main module's flags, alphabetically, and
 `--helpfull` buries the shared ones among absl's and TensorFlow's. The
-scripts call `app.run(main, flags_parser=flag_groups.parser(...))`: `--help`
+scripts run through `cli.entry_point.run`, whose parser is `parser(doc)`: `--help`
 (also `-h`, `-?`, `--helpshort`) prints the script's docstring and every
 flag the script and the shared modules of this checkout define, in the
 groups below, then exits with status 0; `--helpfull` is absl's full list.
@@ -52,7 +52,7 @@ GROUPS = (
     ("Fine-tuning", ("checkpoint_exclude_scopes", "trainable_scopes",
                      "ignore_missing_vars")),
     ("Evaluation", ("once", "timeout_secs", "use_ema_weights",
-                    "max_num_batches")),
+                    "max_num_batches", "eval_events_dir")),
     ("Export", ("export_dir",)),
     ("Cluster", ("ps_hosts", "worker_hosts", "job_name", "task_index",
                  "sync_replicas", "ps_wait_secs", "ps_linger_secs",

@@ -16,7 +16,7 @@ resumed train.py read the recorded data). Flags without a row are used
 whenever given. Other combinations are checked where they are defined:
 tf-slim's optimizer and decay settings (cli/flags/optimization.py), the
 restore settings (cli/fine_tuning.py), the checkpoint schedule
-(cli/checkpoints.py), --sync_replicas (cli/cluster_task.py).
+(cli/model_dir/checkpoints.py), --sync_replicas (cli/cluster_task.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Optional, Tuple
 
 from absl import flags
 
-from cli import run_config
+from cli.model_dir import run_config
 
 Values = Mapping[str, object]
 TRAIN, EVAL, EXPORT = "train.py", "eval.py", "export.py"

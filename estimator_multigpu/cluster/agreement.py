@@ -12,7 +12,7 @@ involved) and compares it with every other task's:
   reaches this job's address is refused by name. A guard against mistakes,
   not authentication: anyone who reaches the port can run any graph.
 - `settings`: what the caller says must match (train.py: its table of
-  settings, `cli/run_settings.py`).
+  settings, `cli/model_dir/run_settings.py`).
 - `graph`: what the package reads from the training graph: the variables'
   names and shapes, the optimizers' update ops with their constant
   hyperparameters, the towers per task.

@@ -19,6 +19,11 @@ local run) and leaves a state file that names the newest usable checkpoint:
 - The state file is rewritten when it is missing, garbled or names another
   checkpoint; when nothing is usable, `UnusableCheckpointsError` says what
   to do instead of training from scratch.
+
+Readers that must not change the model dir (an evaluation next to a live
+training, or of a read-only dir) use `newest_readable`: the newest finished
+checkpoint that reads back, found on disk with or without the state file,
+newer unreadable ones skipped with a WARNING naming them.
 """
 
 from __future__ import annotations
@@ -216,8 +221,8 @@ def prepare_model_dir(model_dir: str) -> Optional[str]:
                     "instead.", checkpoint.prefix, reason, where,
                     chosen.prefix)
   _write_state(model_dir, state, state_problem, chosen)
-  logging.info("Resuming from checkpoint %s (step %d).", chosen.prefix,
-               chosen.step)
+  logging.debug("Resuming from checkpoint %s (step %d).", chosen.prefix,
+                chosen.step)
   return chosen.prefix
 
 
@@ -243,9 +248,55 @@ def _write_state(model_dir: str, state, state_problem: Optional[str],
                     os.path.basename(state.model_checkpoint_path))
 
 
-def newest_finite_checkpoint(model_dir: str) -> Optional[str]:
-  """The newest checkpoint in `model_dir` that restores with finite values."""
-  for checkpoint in reversed(find_checkpoints(model_dir)):
-    if unusable_reason(checkpoint) is None:
-      return checkpoint.prefix
-  return None
+
+def step_of(prefix: str) -> int:
+  """The global step of a checkpoint prefix (`.../model.ckpt-<step>`)."""
+  return int(prefix.rsplit("-", 1)[1])
+
+
+def finished_checkpoints(model_dir: str) -> list:
+  """The complete checkpoints of `model_dir`, by step, without a save still
+  being written: with a readable state file, those up to the newest it
+  names (a save writes it last); without one, every complete one on disk."""
+  complete = [c for c in find_checkpoints(model_dir) if not c.missing_files()]
+  state, _ = _read_state(model_dir)
+  if state is None or not re.search(r"-\d+$", state.model_checkpoint_path):
+    return complete
+  newest = step_of(state.model_checkpoint_path)
+  return [c for c in complete if c.step <= newest]
+
+
+def newest_readable(model_dir: str, after_step: int = -1,
+                    skipped: Optional[set] = None) -> Optional[Checkpoint]:
+  """The newest finished checkpoint past `after_step` that reads back whole
+  (`unusable_reason`); the model dir is left as it is (a reader may share
+  it with a live training, or not be allowed to write it).
+
+  Args:
+    model_dir: the model dir.
+    after_step: only checkpoints of a later step count.
+    skipped: prefixes already found unreadable; those found now are added,
+      each named once in a WARNING with the checkpoint read instead.
+
+  Returns:
+    The checkpoint, or None when no such checkpoint reads back.
+  """
+  skipped = set() if skipped is None else skipped
+  chosen, rejected = None, []
+  for checkpoint in reversed(finished_checkpoints(model_dir)):
+    if checkpoint.step <= after_step:
+      break
+    if checkpoint.prefix in skipped:
+      continue
+    reason = unusable_reason(checkpoint)
+    if reason is None:
+      chosen = checkpoint
+      break
+    rejected.append((checkpoint, reason))
+  instead = (f"reading the newest one that reads back, {chosen.prefix}, "
+             "instead" if chosen else "no older one is left to read")
+  for checkpoint, reason in rejected:
+    skipped.add(checkpoint.prefix)
+    logging.warning("Skipping checkpoint %s: %s; %s.", checkpoint.prefix,
+                    reason, instead)
+  return chosen

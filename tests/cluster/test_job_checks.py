@@ -9,9 +9,9 @@ from estimator_multigpu import cluster
 from estimator_multigpu.cluster import agreement
 from estimator_multigpu.cluster import job_watch
 from cli import cluster_task
-from cli import run_config
-from cli import run_settings
 from cli import settings as settings_lib
+from cli.model_dir import run_config
+from cli.model_dir import run_settings
 import classifier
 
 tf1 = tf.compat.v1

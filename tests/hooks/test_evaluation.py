@@ -78,3 +78,42 @@ def test_format_metrics():
                                     "global_step": np.int64(1500),
                                     "accuracy": 0.96944})
   assert line == "accuracy=0.9694 global_step=1500 loss=0.1025"
+
+
+def test_a_save_newer_than_the_state_file_is_not_read_yet(tmp_path):
+  # A save writes the state file last: step 20's files without it naming
+  # step 20 are a save still being written.
+  write_checkpoints(tmp_path, [10, 20])
+  tf1.train.update_checkpoint_state(str(tmp_path), "model.ckpt-10")
+  evaluated = []
+  evaluation.evaluate_checkpoints(fake_evaluate(evaluated), str(tmp_path),
+                                  None, timeout_secs=0, once=True)
+  assert [path.rsplit("/", 1)[1] for path in evaluated] == ["model.ckpt-10"]
+
+
+def test_a_checkpoint_removed_while_evaluated_gives_way_to_the_newest(
+    tmp_path):
+  write_checkpoints(tmp_path, [10, 20, 30])
+  tf1.train.update_checkpoint_state(str(tmp_path), "model.ckpt-20")
+  evaluated = []
+  evaluate = fake_evaluate(evaluated)
+
+  def rotated(checkpoint):
+    if checkpoint.endswith("-20"):  # the training saves 30, removes 20.
+      tf1.train.update_checkpoint_state(str(tmp_path), "model.ckpt-30")
+      for suffix in (".index", ".meta", ".data-00000-of-00001"):
+        (tmp_path / f"model.ckpt-20{suffix}").unlink()
+      tf.train.list_variables(checkpoint)  # NotFoundError, as a restore.
+    return evaluate(checkpoint)
+
+  metrics = evaluation.evaluate_checkpoints(rotated, str(tmp_path), 30,
+                                            timeout_secs=0)
+  assert metrics["global_step"] == 30
+  assert [path.rsplit("/", 1)[1] for path in evaluated] == ["model.ckpt-30"]
+  # A checkpoint that is still there: its error stands.
+  def fails(checkpoint):
+    raise tf.errors.NotFoundError(None, None, f"boom at {checkpoint}")
+
+  with pytest.raises(tf.errors.NotFoundError, match="boom at .*ckpt-30"):
+    evaluation.evaluate_present(fails, str(tmp_path / "model.ckpt-30"),
+                                evaluation.CheckpointWatch(str(tmp_path), 0))

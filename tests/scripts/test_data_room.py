@@ -12,7 +12,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from cli import run_config
+from cli.model_dir import run_config
 from cli.data import classes
 from cli.data import images
 from test_mistakes import ROOT

@@ -20,9 +20,9 @@ import tensorflow as tf
 
 import classifier
 from cli import fine_tuning
-from cli import run_config
 from cli import run_setup
 from cli import settings
+from cli.model_dir import run_config
 import datasets
 import eval as eval_script
 import train

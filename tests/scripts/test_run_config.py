@@ -11,11 +11,11 @@ import classifier
 from cli.flags import definitions as cli_flags
 import datasets
 from cli.flags import advice as run_advice
-from cli import run_config
-from cli import run_record
 from cli import run_setup
-from cli import settings as settings_lib
 from cli import script_logging
+from cli import settings as settings_lib
+from cli.model_dir import run_config
+from cli.model_dir import run_record
 import train
 
 FLAGS = flags.FLAGS
@@ -123,7 +123,7 @@ def test_a_changed_schedule_says_what_changed_and_how_to_keep_it():
   rates = (run_record.learning_rate_at(old, 100), run_record.learning_rate_at(new, 100))
   assert rates[0] == pytest.approx(0.0, abs=1e-7)
   assert rates[1] == pytest.approx(0.025 * (1 + 0.17364818), rel=1e-5)
-  message = run_config.schedule_change_message(changes, 100, "runs/x", rates)
+  message = run_config.schedule_change_message(changes, 100, rates)
   assert "decay_steps 80 -> 180" in message
   assert "moves from 0 to 0.02934" in message
   assert message.endswith("To keep the recorded schedule, pass "

@@ -13,9 +13,9 @@ import tensorflow as tf
 
 import classifier
 from cli.flags import definitions as cli_flags
-from cli import run_config
-from cli import run_record
 from cli import run_setup
+from cli.model_dir import run_config
+from cli.model_dir import run_record
 import datasets
 import eval as eval_script  # pylint: disable=unused-import  (its flags)
 import train

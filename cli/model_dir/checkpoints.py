@@ -1,5 +1,6 @@
 """Checkpoints and model dirs of the scripts: the checkpoint a path names,
-whether it holds moving averages, and the checks that a run can save.
+whether it holds moving averages, and the checks that a model dir is a
+folder and that a run can save there.
 
 `check_model_dir` fails before any step when the model dir cannot be
 written or its disk is nearly full; `checkpoint_schedule` refuses a schedule
@@ -17,12 +18,15 @@ from typing import Optional
 
 import tensorflow as tf
 
+from estimator_multigpu.runtime import checkpoints as checkpoints_lib
+
 # The files of a checkpoint, after its prefix.
 _CHECKPOINT_FILE = re.compile(r"\.(index|meta|data-\d+-of-\d+)$")
 
 
 def resolve_checkpoint(path: str, flag: str = "--checkpoint_path") -> str:
-  """The checkpoint `path` names: itself, or a directory's latest.
+  """The checkpoint `path` names: itself, or a directory's latest (the
+  newest that reads back when it has no `checkpoint` state file).
 
   Args:
     path: a checkpoint prefix (`.../model.ckpt-1500`) or a directory.
@@ -36,13 +40,12 @@ def resolve_checkpoint(path: str, flag: str = "--checkpoint_path") -> str:
       holds one.
   """
   if tf.io.gfile.isdir(path):
-    latest = tf.train.latest_checkpoint(path)
+    latest = tf.train.latest_checkpoint(path) or _newest_on_disk(path)
     if latest is None:
       raise FileNotFoundError(
-          f"{flag}={path} is a directory without a checkpoint (no "
-          "`checkpoint` state file naming one); give a directory where "
-          "train.py saved checkpoints, or a checkpoint such as "
-          f"{os.path.join(path, 'model.ckpt-1500')}.")
+          f"{flag}={path} is a directory without a checkpoint that reads "
+          "back; give a directory where train.py saved checkpoints, or a "
+          f"checkpoint such as {os.path.join(path, 'model.ckpt-1500')}.")
     return latest
   if not tf.io.gfile.exists(path + ".index"):
     raise FileNotFoundError(
@@ -51,6 +54,12 @@ def resolve_checkpoint(path: str, flag: str = "--checkpoint_path") -> str:
         f"runs/digits/model.ckpt-1500) or a directory holding checkpoints"
         f"{_suffix_hint(path)}.")
   return path
+
+
+def _newest_on_disk(directory: str) -> Optional[str]:
+  """Without a state file: the newest checkpoint there that reads back."""
+  found = checkpoints_lib.newest_readable(directory)
+  return found.prefix if found else None
 
 
 def _suffix_hint(path: str) -> str:
@@ -65,13 +74,27 @@ def checkpoint_has_ema(checkpoint: str) -> bool:
              for name, _ in tf.train.list_variables(checkpoint))
 
 
+def check_folder(model_dir: str) -> None:
+  """Refuses a --model_dir that is a file.
+
+  Raises:
+    ValueError: naming it and the fix.
+  """
+  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+    raise ValueError(
+        f"--model_dir={model_dir} is a file, not a folder; give the folder "
+        "train.py writes its checkpoints to (a new path starts a new run).")
+
+
 def check_model_dir(model_dir: str, min_free_mb: int) -> None:
   """Fails before any step when checkpoints could not be written.
 
   Raises:
+    ValueError: the model dir is a file.
     OSError: the directory cannot be created or written, or its disk has
       less than `min_free_mb` MB free.
   """
+  check_folder(model_dir)
   try:
     os.makedirs(model_dir, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".write_check"):

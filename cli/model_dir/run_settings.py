@@ -3,10 +3,13 @@
 Two checks read this table: the tasks of an all-reduce job compare the
 settings marked `across_tasks` before their first step
 (`estimator_multigpu.cluster.agreement`), and a resumed run compares its
-settings with the model dir's `run_config.json` (`cli.run_config`): those
-marked `MUST_MATCH` stop it (the checkpoints would not load), those marked
-`MAY_CHANGE` may change (e.g. a larger --max_steps, another learning rate;
-`schedule` ones are reported in a WARNING).
+settings with the model dir's `run_config.json` (`cli.model_dir.resume`):
+those marked `MUST_MATCH` stop it (the net, whose checkpoints would not load
+into another, and the data it was trained on), those marked `MAY_CHANGE`
+may change (e.g. a larger --max_steps, another learning rate; `schedule`
+ones are named in the resume's INFO line). The ones marked `every_script`
+stop eval.py and export.py too (`cli.model_dir.run_config.check_matches`);
+those may read other data.
 
 Each value is read from the run's resolved classifier configuration
 (`classifier.ClassifierConfig`, after a resume read its record) or from a
@@ -34,6 +37,7 @@ class Setting:
     source: CLASSIFIER, or the `TrainSettings` group holding it.
     across_tasks: every task of an all-reduce job must have the same value.
     on_resume: MUST_MATCH or MAY_CHANGE.
+    every_script: MUST_MATCH in eval.py and export.py too.
     schedule: part of the learning-rate schedule (a resume reports changes).
     flag: the flag that sets it (default: `name`).
   """
@@ -41,6 +45,7 @@ class Setting:
   source: str
   across_tasks: bool
   on_resume: str = MAY_CHANGE
+  every_script: bool = False
   schedule: bool = False
   flag: Optional[str] = None
 
@@ -56,8 +61,8 @@ def _optimizer_settings() -> tuple:
 
 
 SETTINGS = (
-    Setting("model_name", CLASSIFIER, True, MUST_MATCH),
-    Setting("num_classes", CLASSIFIER, True, MUST_MATCH),
+    Setting("model_name", CLASSIFIER, True, MUST_MATCH, every_script=True),
+    Setting("num_classes", CLASSIFIER, True, MUST_MATCH, every_script=True),
     Setting("weight_decay", CLASSIFIER, True),
     Setting("label_smoothing", CLASSIFIER, True),
     Setting("optimizer", CLASSIFIER, True, schedule=True),
@@ -72,8 +77,9 @@ SETTINGS = (
     Setting("trainable_scopes", CLASSIFIER, True),
     *_optimizer_settings(),
     Setting("batch_size", "data", True),
-    Setting("dataset_name", "data", True),
-    Setting("image_size", "model", True),
+    Setting("dataset_name", "data", True, MUST_MATCH),
+    Setting("dataset_dir", "data", False, MUST_MATCH),  # paths differ by host.
+    Setting("image_size", "model", True, MUST_MATCH),
     Setting("moving_average_decay", "multi_gpu", True),
     Setting("clip_gradients_by_norm", "multi_gpu", True),
     Setting("variable_update", "multi_gpu", True),
@@ -88,12 +94,14 @@ SETTINGS = (
 TOWERS = "towers per task"  # compared across tasks too (`across_tasks`).
 
 
-def names(on_resume: Optional[str] = None, schedule: Optional[bool] = None
-          ) -> tuple:
-  """The names of the settings with these rules, in table order."""
+def names(on_resume: Optional[str] = None, schedule: Optional[bool] = None,
+          every_script: Optional[bool] = None) -> tuple:
+  """The names of the settings with these rules (None: any), in table
+  order."""
   return tuple(s.name for s in SETTINGS
                if on_resume in (None, s.on_resume) and
-               schedule in (None, s.schedule))
+               schedule in (None, s.schedule) and
+               every_script in (None, s.every_script))
 
 
 def across_tasks(settings, config: classifier.ClassifierConfig,

@@ -1,8 +1,8 @@
-"""cli/model_dir_check.py on hand-written variable lists (name -> shape)."""
+"""cli/model_dir/restore_check.py on hand-written variable lists (name -> shape)."""
 
 import pytest
 
-from cli import model_dir_check
+from cli.model_dir import restore_check
 
 LENET = {"global_step": [], "LeNet/fc4/weights": [512, 10],
          "LeNet/fc4/biases": [10]}
@@ -28,7 +28,7 @@ MOMENTUM = {f"{name}/Momentum": shape for name, shape in LENET.items()
 def test_mismatch_names_what_the_checkpoint_was_written_with(built,
                                                              expected):
   saved = {**LENET, **MOMENTUM}
-  wrong = model_dir_check.mismatch(saved, built,
+  wrong = restore_check.mismatch(saved, built,
                                    built.get("LeNet/fc4/biases", [5])[0])
   if expected is None:
     assert wrong is None

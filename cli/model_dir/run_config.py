@@ -7,8 +7,9 @@ towers and the last step. eval.py and export.py read it, so they need only
 except that the net and the number of classes must match it (the
 checkpoints would not load): a mismatch is a `ValueError` saying so.
 
-A resumed train.py compares its schedule with the recorded one and logs
-what changed, e.g. a new `--max_steps` that moves the decay.
+A resumed train.py refuses another net or other data (`cli.model_dir.
+resume`), and names a schedule that changed in its INFO line, e.g. a new
+`--max_steps` that moves the decay.
 """
 
 from __future__ import annotations
@@ -19,18 +20,18 @@ import os
 from typing import Optional
 
 import classifier
-from cli import run_settings
+from cli.model_dir import checkpoints
+from cli.model_dir import run_settings
 
 FILENAME = "run_config.json"
 FORMAT_VERSION = 1
-# The rules live in one table (`cli.run_settings`), which the tasks of an
-# all-reduce job read too.
-MUST_MATCH = run_settings.names(on_resume=run_settings.MUST_MATCH)
+# The rules live in one table (`cli.model_dir.run_settings`), which the tasks
+# of an all-reduce job read too.
+MUST_MATCH = run_settings.names(on_resume=run_settings.MUST_MATCH,
+                                every_script=True)
 # Compared on a resume, with the settings of the current optimizer
 # (`classifier.OPTIMIZER_SETTINGS`).
 SCHEDULE_FIELDS = run_settings.names(schedule=True)
-# Flags whose value a ClassifierConfig field holds under the same name.
-SCHEDULE_FLAGS = {"decay_steps": "decay_steps"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +99,10 @@ def read(model_dir: str) -> Optional[RunRecord]:
   """The recorded configuration, or None when the model_dir has none.
 
   Raises:
-    ValueError: the file exists but cannot be read as a record.
+    ValueError: the model dir is a file, or the record exists but cannot be
+      read as one.
   """
+  checkpoints.check_folder(model_dir)
   try:
     with open(path(model_dir)) as f:
       data = json.load(f)
@@ -146,14 +149,16 @@ def recorded_or_given(record: Optional[RunRecord], given: dict,
   for name, default in defaults.items():
     if name in given:
       values[name] = given[name]
-    elif record is not None and _recorded(record, name) is not None:
-      values[name] = _recorded(record, name)
+    elif record is not None and recorded_value(record, name) is not None:
+      values[name] = recorded_value(record, name)
     else:
       values[name] = default
   return values
 
 
-def _recorded(record: RunRecord, name: str):
+def recorded_value(record: RunRecord, name: str):
+  """The record's value of setting `name` (its classifier's, for the
+  classifier's fields); None when it has none."""
   if hasattr(record, name) and name != "classifier":
     return getattr(record, name)
   return getattr(record.classifier, name, None)
@@ -170,14 +175,14 @@ def schedule_changes(recorded: classifier.ClassifierConfig,
           if getattr(recorded, name) != getattr(current, name)]
 
 
-def schedule_change_message(changes: list, step: int, model_dir: str,
+def schedule_change_message(changes: list, step: int,
                             rates: Optional[tuple] = None) -> str:
-  """The WARNING a resume with a changed schedule logs: what and how to
-  keep the recorded one. `rates`: (recorded, current) rate at `step`."""
+  """What a resume with a changed schedule says after "Resuming from ...":
+  what changed and how to keep the recorded schedule. `rates`: (recorded,
+  current) learning rate at `step`."""
   what = ", ".join(f"{name} {old} -> {new}" for name, old, new in changes)
   moved = (f"; the learning rate at step {step} moves from {rates[0]:.4g} "
            f"to {rates[1]:.4g}" if rates else "")
   keep = " ".join(f"--{name}={old}" for name, old, _ in changes)
-  return (f"Resuming {model_dir} at step {step} with another learning-rate "
-          f"schedule than it recorded: {what}{moved}. To keep the recorded "
-          f"schedule, pass {keep}.")
+  return (f"with another learning-rate schedule than it recorded: {what}"
+          f"{moved}. To keep the recorded schedule, pass {keep}.")

@@ -1,5 +1,6 @@
 """What train.py records in the model dir (run_config.json), and what it
-says on a resume: the step it resumes from, and a schedule that changed.
+says on a resume: one INFO line with the step it resumes from and the
+schedule settings that changed.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from absl import logging
 import tensorflow as tf
 
 import classifier
-from cli import run_config
 from cli import run_setup
 from cli import settings as settings_lib
+from cli.model_dir import run_config
 import datasets
 
 
@@ -62,23 +63,33 @@ def run_record(setup: run_setup.ModelSetup,
       labels_offset=data["labels_offset"])
 
 
+def resume_line(record: Optional[run_config.RunRecord],
+                config: classifier.ClassifierConfig, model_dir: str,
+                step: int, max_steps: int) -> str:
+  """The one INFO line of a resume: where from, to which step, and the
+  schedule settings that changed since the record (they may change)."""
+  line = (f"Resuming from {tf.train.latest_checkpoint(model_dir)} (step "
+          f"{step} of --max_steps={max_steps}")
+  if record is not None and record.max_steps not in (None, max_steps):
+    line += f", recorded {record.max_steps}"
+  changes = (run_config.schedule_changes(record.classifier, config)
+             if record is not None else [])
+  if not changes:
+    return line + ")."
+  rates = (learning_rate_at(record.classifier, step),
+           learning_rate_at(config, step))
+  return f"{line}) {run_config.schedule_change_message(changes, step, rates)}"
+
+
 def record_run(setup: run_setup.ModelSetup,
                config: classifier.ClassifierConfig, towers: run_setup.Towers,
                settings: settings_lib.TrainSettings) -> None:
-  """Writes run_config.json in the model_dir; on a resume, says if the
-  schedule changed."""
+  """Writes run_config.json in the model_dir; on a resume, one INFO line
+  says where it goes on from and what changed in the schedule."""
   model_dir = settings.run.model_dir
   step = checkpoint_step(model_dir)
-  if step is not None and setup.record is not None:
-    changes = run_config.schedule_changes(setup.record.classifier, config)
-    if changes:
-      rates = (learning_rate_at(setup.record.classifier, step),
-               learning_rate_at(config, step))
-      logging.warning(run_config.schedule_change_message(
-          changes, step, model_dir, rates))
   if step is not None:
-    logging.info("Resuming from %s (step %d of %d)",
-                 tf.train.latest_checkpoint(model_dir), step,
-                 settings.optimization.max_steps)
+    logging.info("%s", resume_line(setup.record, config, model_dir, step,
+                                   settings.optimization.max_steps))
   logging.info("Run configuration: %s", run_config.write(
       model_dir, run_record(setup, config, towers, settings)))

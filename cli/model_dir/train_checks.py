@@ -23,7 +23,7 @@ from estimator_multigpu import cluster
 from estimator_multigpu.runtime import model_dir_lock
 
 import datasets
-from cli import checkpoints
+from cli.model_dir import checkpoints
 from datasets import tfrecord
 
 

@@ -1,0 +1,87 @@
+"""A resumed train.py trains the net it recorded, on the data it recorded.
+
+On a resume (the model dir holds checkpoints and run_config.json) the net
+and the data come from the record when not given (cli/run_setup.py). A
+setting marked `MUST_MATCH` in the table (cli/model_dir/run_settings.py:
+net, classes, dataset, dataset dir, image size) given with another value
+is refused before anything is written, naming both values and the fix; so
+are images with another number of channels. Schedule settings may change
+(cli/model_dir/run_record.py names them).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from estimator_multigpu.runtime import checkpoints as checkpoints_lib
+
+import datasets
+from cli.model_dir import run_config
+from cli.model_dir import run_settings
+
+SAME_DATA = run_settings.names(on_resume=run_settings.MUST_MATCH)
+
+
+def is_resume(model_dir: str, record: Optional[run_config.RunRecord]) -> bool:
+  """Whether a run in `model_dir` goes on from a recorded run's
+  checkpoints (files on disk count, with or without the state file)."""
+  return record is not None and bool(
+      checkpoints_lib.find_checkpoints(model_dir))
+
+
+def _same(name: str, recorded, current) -> bool:
+  if name == "dataset_dir" and recorded and current:
+    return _path(recorded) == _path(current)
+  return recorded == current
+
+
+def _path(path: str) -> str:
+  return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
+
+
+def differences(record: run_config.RunRecord, setup) -> list:
+  """[(flag, recorded, current)] of the MUST_MATCH settings where `setup`
+  (cli/run_setup.ModelSetup) differs from the record, in table order."""
+  found = []
+  for name in SAME_DATA:
+    recorded = run_config.recorded_value(record, name)
+    current = getattr(setup, name)
+    if not _same(name, recorded, current):
+      found.append((name, recorded, current))
+  return found
+
+
+def _refusal(name: str, recorded, current, model_dir: str) -> str:
+  return (
+      f"--{name}={current} but --model_dir={model_dir} was trained with "
+      f"{name}={recorded} ({run_config.path(model_dir)}); a resume goes on "
+      f"with the recorded net and data. Drop --{name} to resume with "
+      f"{recorded}, or train in a new --model_dir (add --checkpoint_path="
+      f"{model_dir} to start from its weights).")
+
+
+def check(model_dir: str, setup) -> None:
+  """Refuses a resume whose net or data differ from the record.
+
+  Args:
+    model_dir: the run's --model_dir.
+    setup: the run's cli/run_setup.ModelSetup (given settings over the
+      record).
+
+  Raises:
+    ValueError: naming the setting, both values and the fix.
+  """
+  if not is_resume(model_dir, setup.record):
+    return
+  found = differences(setup.record, setup)
+  if found:
+    raise ValueError(_refusal(*found[0], model_dir))
+  recorded = setup.record.preprocessing.get("channels")
+  current = datasets.preprocessing(setup.dataset_name)["channels"]
+  if recorded is not None and recorded != current:
+    raise ValueError(
+        f"--dataset_name={setup.dataset_name} gives {current}-channel images "
+        f"but --model_dir={model_dir} was trained on {recorded}-channel "
+        "images; its first layer cannot take them. Give "
+        f"{recorded}-channel data, or train in a new --model_dir.")
