@@ -2,10 +2,10 @@
 
 absl's own `--help` lists only the main module's flags, alphabetically, and
 `--helpfull` buries the shared ones among absl's and TensorFlow's. The
-scripts run through `cli.entry_point.run`, whose parser is `parser(doc)`: `--help`
-(also `-h`, `-?`, `--helpshort`) prints the script's docstring and every
-flag the script and the shared modules of this checkout define, in the
-groups below, then exits with status 0; `--helpfull` is absl's full list.
+scripts run through `cli.entry_point.run`, which parses with
+`parser(doc)`: `--help` (also `-h`, `-?`, `--helpshort`) prints the script's
+docstring and every flag the script and the shared modules of this checkout
+define, in the groups below, then exits with status 0; `--helpfull` is absl's full list.
 
 A flag that no group names is still shown, under "Other", so a new flag is
 never hidden.
