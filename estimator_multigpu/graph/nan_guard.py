@@ -8,6 +8,11 @@ global batch is NaN, the step fails with an error (`InvalidArgumentError`,
 feature and label of the global batch are NaN or Inf, and the fix. The counts are computed only on that failing step; on every other step
 the check costs one `is_nan` of the loss. The newest checkpoint is the last
 good one: no checkpoint is written after the failing step.
+
+A hook that reports a NaN loss itself, with the step and the model dir's
+newest checkpoint (`runtime.guards.NonFiniteLossHook`, which train.py
+installs), feeds False to the tensors of `ENABLED_COLLECTION` and so turns
+this check off.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import tensorflow as tf
 from estimator_multigpu import compat
 
 nest = compat.internal("nest")
+tf1 = tf.compat.v1
+ENABLED_COLLECTION = "estimator_multigpu_nan_guard_enabled"
 
 _FIX = ("Repair or drop the non-finite examples in the input_fn "
         "(tf.debugging.check_numerics finds the first); if every count "
@@ -28,7 +35,9 @@ def guard(spec: tf.estimator.EstimatorSpec, features, labels
           ) -> tf.estimator.EstimatorSpec:
   """`spec` whose train_op fails on a NaN loss, with the inputs' counts."""
   with tf.name_scope("nan_guard"):
-    check = tf.cond(tf.math.is_nan(spec.loss),
+    enabled = tf1.placeholder_with_default(True, [], name="enabled")
+    tf1.add_to_collection(ENABLED_COLLECTION, enabled)
+    check = tf.cond(tf.logical_and(enabled, tf.math.is_nan(spec.loss)),
                     lambda: _fail(features, labels),
                     lambda: tf.constant(True), name="loss_is_nan")
   return spec._replace(train_op=tf.group(spec.train_op, check))

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu.graph import nan_guard
 from estimator_multigpu.graph import specs
 tf1 = tf.compat.v1
 
@@ -63,10 +64,11 @@ class NonFiniteLossHook(tf1.train.SessionRunHook):
   Pass it to `Estimator.train(hooks=[...])`: hooks given there run before
   Estimator's own `NanTensorHook`, whose message names neither. The hook
   reads the losses `multi_gpu` publishes (`specs.LOSS_COLLECTION`,
-  `specs.TOWER_LOSSES_COLLECTION`). It runs after Estimator's chief-only
-  checkpoint saver, and the weights can turn NaN a step before the loss:
-  install `FiniteCheckpointListener` too, so no NaN is ever saved. With
-  `model_dir`, the error names the newest checkpoint there.
+  `specs.TOWER_LOSSES_COLLECTION`) and turns off `multi_gpu`'s own check
+  (`graph.nan_guard`, whose message has no step). It runs after Estimator's
+  chief-only checkpoint saver, and the weights can turn NaN a step before
+  the loss: install `FiniteCheckpointListener` too, so no NaN is ever saved.
+  With `model_dir`, the error names the newest checkpoint there.
   """
 
   def __init__(self, model_dir: Optional[str] = None):
@@ -80,12 +82,15 @@ class NonFiniteLossHook(tf1.train.SessionRunHook):
                        "with estimator_multigpu.multi_gpu.")
     self._global_step = tf1.train.get_global_step()
     self._step = None
+    self._feed = {enabled: False for enabled in tf1.get_collection(
+        nan_guard.ENABLED_COLLECTION)}
 
   def after_create_session(self, session, coord):
     self._step = int(session.run(self._global_step))
 
   def before_run(self, run_context):
-    return tf1.train.SessionRunArgs((self._loss[-1], self._tower_losses))
+    return tf1.train.SessionRunArgs((self._loss[-1], self._tower_losses),
+                                    feed_dict=self._feed)
 
   def after_run(self, run_context, run_values):
     self._step += 1
