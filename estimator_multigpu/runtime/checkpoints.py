@@ -39,6 +39,12 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+__all__ = ["CORRUPT_DIR", "STATE_FILE", "Checkpoint",
+           "UnusableCheckpointsError", "find_checkpoints",
+           "finished_checkpoints", "move_aside", "newest_readable",
+           "prepare_model_dir", "remove_stale_files", "step_of",
+           "unusable_reason"]
+
 tf1 = tf.compat.v1
 
 STATE_FILE = "checkpoint"

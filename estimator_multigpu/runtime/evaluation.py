@@ -21,6 +21,9 @@ import tensorflow as tf
 
 from estimator_multigpu.runtime import checkpoints as checkpoints_lib
 
+__all__ = ["CheckpointWatch", "evaluate_checkpoints", "evaluate_present",
+           "format_metrics"]
+
 # Evaluates one checkpoint path; returns metrics with a "global_step".
 EvaluateFn = Callable[[str], dict]
 REPORT_EVERY_SECS = 60.0  # while waiting for a checkpoint, a line this often.

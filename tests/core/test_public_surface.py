@@ -107,6 +107,7 @@ def test_the_application_uses_only_the_public_surface():
 def test_public_modules_are_in_all_and_say_their_names():
   assert PUBLIC_MODULES <= set(emg.__all__)
   for module in ("runtime.guards", "runtime.hooks", "runtime.scaling",
-                 "runtime.model_dir_lock", "cluster"):
+                 "runtime.model_dir_lock", "runtime.checkpoints",
+                 "runtime.evaluation", "cluster"):
     loaded = importlib.import_module(f"estimator_multigpu.{module}")
     assert loaded.__all__ and all(hasattr(loaded, n) for n in loaded.__all__)
