@@ -33,6 +33,7 @@ from absl import flags
 
 from bench import cluster_model
 from bench import cluster_report
+from bench import cluster_trace
 from bench import specs
 from estimator_multigpu.cluster import launch
 
@@ -53,6 +54,9 @@ flags.DEFINE_string("report", None, "Re-render the table of a saved JSON "
 flags.DEFINE_string("output", None, "JSON path (default: "
                     "bench_cluster.json in the temp dir).")
 
+flags.DEFINE_integer("trace_step", 0, "Trace this step of every chief "
+                     "(FULL_TRACE) and print, per job, the ops that step "
+                     "ran by type against ours (0: no trace).")
 flags.DEFINE_list("systems", ["ps", "allreduce", "mwms"], "ps: 1 ps + "
                   "synchronous workers; allreduce: ours (chief + workers); "
                   "mwms: MultiWorkerMirroredStrategy + Estimator (one "
@@ -70,7 +74,7 @@ def settings() -> dict:
           "steps": pick(FLAGS.steps, 100, 60),
           "warmup": pick(FLAGS.warmup, 20, 10),
           "rounds": pick(FLAGS.rounds, 3, 2), "cpu_count": os.cpu_count(),
-          "systems": FLAGS.systems,
+          "systems": FLAGS.systems, "trace_step": FLAGS.trace_step,
           "load_average_before": os.getloadavg()[0]}
 
 
@@ -99,7 +103,8 @@ def start_job(system: str, model: str, tasks: int, towers: int, steps: int,
                f"--system={system}", f"--model={model}",
                f"--towers={towers}", f"--steps={steps}",
                f"--model_dir={os.path.join(work_dir, name)}",
-               f"--out={os.path.join(work_dir, name + '.json')}", *flags_]
+               f"--out={os.path.join(work_dir, name + '.json')}",
+               f"--trace_step={FLAGS.trace_step}", *flags_]
     with open(os.path.join(work_dir, name + ".log"), "w") as log:
       started.append((name, subprocess.Popen(
           command, cwd=cluster_report.REPO_ROOT, env={**os.environ, **env},
@@ -142,16 +147,35 @@ def run_job(system: str, model: str, tasks: int, towers: int,
 
 
 def read_chief(result: dict, warmup: int) -> dict:
-  """The summary of the chief's step record, or an error."""
+  """The summary of the chief's step record (with every trainer's CPU time
+  and traced step), or an error."""
   name = "worker0.json" if result["system"] == "ps" else "chief0.json"
-  path = os.path.join(result["log_dir"], name)
-  if not os.path.exists(path):
+  records = task_records(result["log_dir"])
+  if name not in records:
     return {"error": f"no step record; see {result['log_dir']}"}
-  with open(path) as record_file:
-    record = json.load(record_file)
   batch = result["tasks"] * specs.get_model(result["model"]).global_batch_size
-  return cluster_report.summarize(record, result["system"], result["tasks"],
-                                  result["towers"], batch, warmup)
+  summary = cluster_report.summarize(records[name], result["system"],
+                                     result["tasks"], result["towers"],
+                                     batch, warmup)
+  summary["cpu_ms_per_step"] = cluster_report.cpu_ms_per_step(
+      list(records.values()), warmup)
+  summary["outside_run_ms"] = cluster_report.outside_run_ms(records[name],
+                                                           warmup)
+  if records[name].get("trace"):
+    summary["trace"] = records[name]["trace"]
+    summary["timelines"] = {task: record.get("timeline")
+                            for task, record in records.items()}
+  return summary
+
+
+def task_records(log_dir: str) -> dict:
+  """{task name: step record} of every trainer of a job that wrote one."""
+  records = {}
+  for name in sorted(os.listdir(log_dir)):
+    if name.endswith(".json"):
+      with open(os.path.join(log_dir, name)) as record_file:
+        records[name] = json.load(record_file)
+  return records
 
 
 def rerender(path: str) -> int:
@@ -210,6 +234,8 @@ def main(argv) -> int:
   if not failed:
     shutil.rmtree(log_root, ignore_errors=True)
   print(cluster_report.markdown(config, rows))
+  if config["trace_step"]:
+    print(cluster_trace.comparison(runs))
   print(f"\n(total {config['total_seconds']:.0f} s; JSON in {output}; logs "
         f"{'kept in ' + log_root if failed else 'removed'})")
   return 1 if failed else 0

@@ -14,8 +14,8 @@ train_and_evaluate`) on the unwrapped model_fn, one replica per task (the
 
 Every trainer trains `--model` on its own synthetic batch (the model's
 `bench.specs` batch, split over `--towers` virtual CPUs) and writes
-`--out`: the wall-clock time, global step and loopback bytes after each
-step, and the trainable variables' bytes.
+`--out`: the wall-clock time, global step, loopback bytes and the process's
+CPU time after each step, and the trainable variables' bytes.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -34,7 +35,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import estimator_multigpu as emg  # pylint: disable=wrong-import-position
 from estimator_multigpu import cluster  # pylint: disable=wrong-import-position
 from estimator_multigpu.cluster import job_control  # pylint: disable=wrong-import-position
-from bench import models, specs  # pylint: disable=wrong-import-position
+from bench import cluster_trace, models, specs  # pylint: disable=wrong-import-position
 
 tf1 = tf.compat.v1
 
@@ -49,12 +50,21 @@ def loopback_bytes() -> int:
   return 0
 
 
-class StepRecorder(tf1.train.SessionRunHook):
-  """Time, global step and loopback bytes after each step; JSON at the end."""
+def cpu_seconds() -> float:
+  """CPU time this process used so far, every thread, user + system."""
+  times = os.times()
+  return times.user + times.system
 
-  def __init__(self, path: str):
-    self._path = path
-    self._record = {"times": [], "steps": [], "lo_bytes": []}
+
+class StepRecorder(tf1.train.SessionRunHook):
+  """Time, global step, loopback bytes and the process's CPU time after each
+  step; JSON at the end
+  (with `trace`'s summary of one step, if given)."""
+
+  def __init__(self, path: str, trace: Optional[cluster_trace.StepTrace] = None):
+    self._path, self._trace = path, trace
+    self._record = {"times": [], "steps": [], "lo_bytes": [],
+                    "cpu_seconds": [], "run_seconds": []}
 
   def begin(self):
     self._step = tf1.train.get_global_step()
@@ -64,16 +74,30 @@ class StepRecorder(tf1.train.SessionRunHook):
             "tower_"))
 
   def before_run(self, run_context):
+    self._before = time.time()
     return tf1.train.SessionRunArgs(self._step)
 
   def after_run(self, run_context, run_values):
     self._record["times"].append(time.time())
+    self._record["run_seconds"].append(time.time() - self._before)
     self._record["steps"].append(int(run_values.results) + 1)
     self._record["lo_bytes"].append(loopback_bytes())
+    self._record["cpu_seconds"].append(cpu_seconds())
 
   def end(self, session):
+    if self._trace is not None:
+      self._record["trace"] = self._trace.summary
+      self._record["timeline"] = self._trace.timeline
     with open(self._path, "w") as out:
       json.dump(self._record, out)
+
+
+def recording_hooks(args) -> list:
+  """The step recorder, and the step trace when `--trace_step` asks."""
+  if not args.trace_step:
+    return [StepRecorder(args.out)]
+  trace = cluster_trace.StepTrace(args.trace_step)
+  return [StepRecorder(args.out, trace), trace]
 
 
 def make_model_fn(spec: specs.ModelSpec, replicas: int):
@@ -114,11 +138,11 @@ def run_ps_system(args, spec: specs.ModelSpec) -> None:
                            devices=towers(args))
   estimator = tf.estimator.Estimator(
       model_fn, config=run_config(args, cluster.session_config(task, base)))
-  recorder = StepRecorder(args.out)
+  recorders = recording_hooks(args)
   job_control.run_trainer(
       task, lambda hooks: estimator.train(
           models.make_input_fn(spec, spec.global_batch_size),
-          max_steps=args.steps, hooks=[recorder] + hooks),
+          max_steps=args.steps, hooks=recorders + hooks),
       sync_replicas=True, base_config=base, ps_wait_secs=60)
 
 
@@ -130,7 +154,7 @@ def run_allreduce_system(args, spec: specs.ModelSpec) -> None:
   input_fn = models.make_input_fn(spec, spec.global_batch_size)
   emg.train_and_evaluate(
       estimator, tf.estimator.TrainSpec(input_fn, max_steps=args.steps,
-                                        hooks=[StepRecorder(args.out)]),
+                                        hooks=recording_hooks(args)),
       tf.estimator.EvalSpec(input_fn, steps=1), peer_timeout_secs=60)
 
 
@@ -155,7 +179,7 @@ def run_mwms_system(args, spec: specs.ModelSpec) -> None:
   tf.estimator.train_and_evaluate(
       tf.estimator.Estimator(model_fn, config=config),
       tf.estimator.TrainSpec(input_fn, max_steps=args.steps,
-                             hooks=[StepRecorder(args.out)]),
+                             hooks=recording_hooks(args)),
       tf.estimator.EvalSpec(input_fn, steps=1))
 
 
@@ -177,6 +201,8 @@ def parse(argv):
   parser.add_argument("--out", required=True)
   for name in ("ps_hosts", "worker_hosts"):
     parser.add_argument(f"--{name}", type=lambda text: text.split(","))
+  parser.add_argument("--trace_step", type=int, default=0,
+                      help="Trace this step (1-based; 0: none).")
   parser.add_argument("--job_name")
   parser.add_argument("--task_index", type=int, default=0)
   return parser.parse_args(argv)
