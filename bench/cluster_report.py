@@ -60,8 +60,8 @@ def rederive(run: dict) -> dict:
 
 def run_line(run: dict) -> str:
   """One progress line per job."""
-  head = (f"{run['model']} {run['system']} {run['tasks']} tasks x"
-          f"{run['towers']}: ")
+  head = (f"{run['system']} {run['model']} {run['tasks']} tasks x "
+          f"{run['towers']} towers, round {run.get('round', '?')}: ")
   if "error" in run:
     return head + f"FAILED {run['error']} {run['codes']}"
   return head + (f"{run['examples_per_sec']:.0f} ex/s, "

@@ -10,7 +10,8 @@ workers), `multi_gpu(variable_update="replicated")` through
 `--system=mwms`: the peer, TensorFlow's `MultiWorkerMirroredStrategy` with
 Estimator (`RunConfig(train_distribute=...)`, `tf.estimator.
 train_and_evaluate`) on the unwrapped model_fn, one replica per task (the
-`input_fn` batch is per task there, as ours).
+`input_fn` batch is per task there, as ours). `--system=horovod`: one
+process per tower under `horovodrun` (`bench.cluster_horovod`).
 
 Every trainer trains `--model` on its own synthetic batch (the model's
 `bench.specs` batch, split over `--towers` virtual CPUs) and writes
@@ -35,7 +36,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import estimator_multigpu as emg  # pylint: disable=wrong-import-position
 from estimator_multigpu import cluster  # pylint: disable=wrong-import-position
 from estimator_multigpu.cluster import job_control  # pylint: disable=wrong-import-position
-from bench import cluster_trace, models, specs  # pylint: disable=wrong-import-position
+from bench import cluster_horovod, cluster_trace, models, specs  # pylint: disable=wrong-import-position
 
 tf1 = tf.compat.v1
 
@@ -117,10 +118,10 @@ def make_model_fn(spec: specs.ModelSpec, replicas: int):
   return model_fn
 
 
-def run_config(args, session_config) -> tf.estimator.RunConfig:
+def run_config(model_dir: str, session_config) -> tf.estimator.RunConfig:
   """No checkpoints or summaries inside the timed steps."""
   return tf.estimator.RunConfig(
-      model_dir=args.model_dir, save_checkpoints_steps=None,
+      model_dir=model_dir, save_checkpoints_steps=None,
       save_checkpoints_secs=None, save_summary_steps=0,
       log_step_count_steps=None, session_config=session_config)
 
@@ -136,8 +137,8 @@ def run_ps_system(args, spec: specs.ModelSpec) -> None:
   base = emg.make_session_config(num_cpus=args.towers)
   model_fn = emg.multi_gpu(make_model_fn(spec, len(task.trainers)),
                            devices=towers(args))
-  estimator = tf.estimator.Estimator(
-      model_fn, config=run_config(args, cluster.session_config(task, base)))
+  estimator = tf.estimator.Estimator(model_fn, config=run_config(
+      args.model_dir, cluster.session_config(task, base)))
   recorders = recording_hooks(args)
   job_control.run_trainer(
       task, lambda hooks: estimator.train(
@@ -150,7 +151,7 @@ def run_allreduce_system(args, spec: specs.ModelSpec) -> None:
   """A chief or worker of an all-reduce job (TF_CONFIG)."""
   model_fn = emg.multi_gpu(make_model_fn(spec, 0), devices=towers(args))
   estimator = tf.estimator.Estimator(model_fn, config=run_config(
-      args, emg.make_session_config(num_cpus=args.towers)))
+      args.model_dir, emg.make_session_config(num_cpus=args.towers)))
   input_fn = models.make_input_fn(spec, spec.global_batch_size)
   emg.train_and_evaluate(
       estimator, tf.estimator.TrainSpec(input_fn, max_steps=args.steps,
@@ -183,8 +184,32 @@ def run_mwms_system(args, spec: specs.ModelSpec) -> None:
       tf.estimator.EvalSpec(input_fn, steps=1))
 
 
+def run_horovod_system(args, spec: specs.ModelSpec) -> None:
+  """One process (one tower) of a Horovod job (`bench.cluster_horovod`)."""
+  import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
+  hvd.init()
+  tf1.disable_eager_execution()  # Estimator's graph mode, as the others.
+  batch = cluster_horovod.per_process_batch(spec.global_batch_size,
+                                            args.towers)
+
+  def model_fn(features, labels, mode):
+    loss = models.logits_and_loss(spec, features, labels)
+    optimizer = hvd.DistributedOptimizer(models.make_optimizer())
+    train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  args.out = cluster_horovod.record_path(args.out, hvd.rank())
+  model_dir = os.path.join(args.model_dir, f"rank{hvd.rank()}")
+  estimator = tf.estimator.Estimator(model_fn,
+                                     config=run_config(model_dir, None))
+  estimator.train(models.make_input_fn(spec, batch), max_steps=args.steps,
+                  hooks=[hvd.BroadcastGlobalVariablesHook(0)] +
+                  recording_hooks(args))
+
+
 SYSTEMS = {"ps": run_ps_system, "allreduce": run_allreduce_system,
-           "mwms": run_mwms_system}
+           "mwms": run_mwms_system,
+           cluster_horovod.SYSTEM: run_horovod_system}
 
 
 def towers(args) -> list:
