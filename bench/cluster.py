@@ -174,10 +174,10 @@ def jobs(config: dict) -> list:
   return found
 
 
-def run_all(config: dict, log_root: str) -> list:
-  """Runs `jobs(config)` one at a time, a progress line after each."""
+def run_all(config: dict, todo: list, log_root: str) -> list:
+  """Runs the jobs `todo` one at a time, a progress line after each."""
   runs = []
-  for job in jobs(config):
+  for job in todo:
     runs.append(run_job(job, config["warmup"], log_root))
     print(cluster_report.run_line(runs[-1]), flush=True)
   return runs
@@ -193,14 +193,20 @@ def write_json(config: dict, runs: list, rows: list) -> str:
 
 
 def main(argv) -> int:
-  """Runs the benchmark; exit status 1 when a job failed."""
+  """Runs the benchmark; exit status 1 when a job failed, 2 when no system
+  given can run here."""
   del argv
   if FLAGS.report:
     return rerender(FLAGS.report)
   signal.signal(signal.SIGTERM, _raise_interrupt)  # runs run_job's finally.
   config, start = settings(), time.monotonic()
+  todo = jobs(config)
+  if not todo:
+    print(f"Nothing to run: --systems={','.join(config['systems'])} has no "
+          "system this Python can run; name another (ps, allreduce, mwms).")
+    return 2
   log_root = tempfile.mkdtemp(prefix="bench_cluster_")
-  runs = run_all(config, log_root)
+  runs = run_all(config, todo, log_root)
   config["total_seconds"] = time.monotonic() - start
   rows = cluster_report.table_rows(runs)
   output = write_json(config, runs, rows)
