@@ -35,7 +35,6 @@ import time
 from absl import app
 from absl import flags
 
-from bench import cluster_horovod
 from bench import cluster_jobs
 from bench import cluster_report
 from bench import cluster_trace
@@ -150,30 +149,6 @@ def _raise_interrupt(signum, frame):
   raise KeyboardInterrupt
 
 
-def runnable(systems: list) -> list:
-  """The systems this Python can run (Horovod is optional: one line)."""
-  if cluster_horovod.SYSTEM in systems and not cluster_horovod.available():
-    print(cluster_horovod.skip_line(), flush=True)
-    return [s for s in systems if s != cluster_horovod.SYSTEM]
-  return list(systems)
-
-
-def jobs(config: dict) -> list:
-  """Every job, round after round, the systems in alternating order."""
-  systems, found = runnable(config["systems"]), []
-  for round_index in range(config["rounds"]):
-    order = systems if round_index % 2 == 0 else systems[::-1]
-    for model in config["models"]:
-      for tasks, towers in config["configs"]:
-        found += [{"system": system, "model": model, "tasks": tasks,
-                   "towers": towers, "steps": config["steps"],
-                   "trace_step": config["trace_step"],
-                   "round": round_index + 1}
-                  for system in order
-                  if system != "mwms" or towers == 1]
-  return found
-
-
 def run_all(config: dict, todo: list, log_root: str) -> list:
   """Runs the jobs `todo` one at a time, a progress line after each."""
   runs = []
@@ -200,7 +175,7 @@ def main(argv) -> int:
     return rerender(FLAGS.report)
   signal.signal(signal.SIGTERM, _raise_interrupt)  # runs run_job's finally.
   config, start = settings(), time.monotonic()
-  todo = jobs(config)
+  todo = cluster_jobs.jobs(config)
   if not todo:
     print(f"Nothing to run: --systems={','.join(config['systems'])} has no "
           "system this Python can run; name another (ps, allreduce, mwms).")

@@ -1,6 +1,8 @@
-"""The processes of one `bench.cluster` job: start them, wait, stop them.
+"""The jobs of a `bench.cluster` run, and the processes of one job: start
+them, wait, stop them.
 
-Every process starts in its own session. A job ends by itself or at its
+`jobs` lists the run's jobs, the systems in alternating order round after
+round. Every process starts in its own session. A job ends by itself or at its
 timeout; then every process left, and every process it started (horovodrun
 starts its workers in sessions of their own), is killed by PID.
 """
@@ -17,6 +19,30 @@ import time
 from bench import cluster_horovod
 from bench import cluster_report
 from estimator_multigpu.cluster import launch
+
+
+def runnable(systems: list) -> list:
+  """The systems this Python can run (Horovod is optional: one line)."""
+  if cluster_horovod.SYSTEM in systems and not cluster_horovod.available():
+    print(cluster_horovod.skip_line(), flush=True)
+    return [s for s in systems if s != cluster_horovod.SYSTEM]
+  return list(systems)
+
+
+def jobs(config: dict) -> list:
+  """Every job, round after round, the systems in alternating order."""
+  systems, found = runnable(config["systems"]), []
+  for round_index in range(config["rounds"]):
+    order = systems if round_index % 2 == 0 else systems[::-1]
+    for model in config["models"]:
+      for tasks, towers in config["configs"]:
+        found += [{"system": system, "model": model, "tasks": tasks,
+                   "towers": towers, "steps": config["steps"],
+                   "trace_step": config["trace_step"],
+                   "round": round_index + 1}
+                  for system in order
+                  if system != "mwms" or towers == 1]
+  return found
 
 
 def task_commands(system: str, tasks: int) -> list:

@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from bench import cluster
 from bench import cluster_horovod
 from bench import cluster_jobs
 from bench import cluster_report
@@ -25,7 +24,7 @@ def _config(systems, configs=((2, 1), (2, 2)), rounds=2):
 
 def test_jobs_alternate_the_systems_and_skip_mwms_at_two_towers(monkeypatch):
   monkeypatch.setattr(cluster_horovod, "available", lambda: True)
-  jobs = cluster.jobs(_config(["allreduce", "mwms", "horovod"]))
+  jobs = cluster_jobs.jobs(_config(["allreduce", "mwms", "horovod"]))
   order = [(j["round"], j["towers"], j["system"]) for j in jobs]
   assert order == [
       (1, 1, "allreduce"), (1, 1, "mwms"), (1, 1, "horovod"),
@@ -36,7 +35,7 @@ def test_jobs_alternate_the_systems_and_skip_mwms_at_two_towers(monkeypatch):
 
 def test_horovod_missing_is_one_line_and_the_others_run(monkeypatch, capsys):
   monkeypatch.setattr(cluster_horovod, "available", lambda: False)
-  jobs = cluster.jobs(_config(["allreduce", "horovod"], [(2, 1)], 1))
+  jobs = cluster_jobs.jobs(_config(["allreduce", "horovod"], [(2, 1)], 1))
   assert [j["system"] for j in jobs] == ["allreduce"]
   out = capsys.readouterr().out.strip().splitlines()
   assert len(out) == 1 and out[0].startswith("horovod: skipped")
