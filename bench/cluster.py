@@ -1,20 +1,26 @@
-"""Parameter servers vs all-reduce across processes on loopback:
-`python -m bench.cluster [--quick]`.
+"""Ours against parameter servers and the peers, across processes on
+loopback: `python -m bench.cluster [--quick]`.
 
-For every model and (tasks, towers) pair, a ps job (1 ps + N synchronous
-workers, SyncReplicasOptimizer, shared variables) and an all-reduce job
-(chief + N−1 workers, replicated variables, `emg.train_and_evaluate`) are
-started on free loopback ports, one job at a time, in alternating order
-round after round (ps, all-reduce, all-reduce, ps, ...), so drifts of a
-shared machine touch both alike. Each job runs `bench.cluster_task`; the
-chief records every step's time, global step and loopback byte counter.
-examples/sec are taken after `--warmup` steps; bytes per step are both
-derived from the variables (`bench.cluster_model`) and read off `lo`
-(every process's loopback traffic, so anything else on it counts too).
-Prints a markdown table; writes JSON (default in the temp dir); the task
-logs are removed unless a job failed. Every job ends by itself or at
-`--timeout_secs`; its processes (own sessions) are then killed by PID, also
-when the coordinator is interrupted. `--report=JSON` re-renders a saved run.
+For every model and (tasks, towers) pair, a job of every system in
+`--systems` — a ps job (1 ps + N synchronous workers, SyncReplicasOptimizer,
+shared variables), our all-reduce job (chief + N−1 workers, replicated
+variables, `emg.train_and_evaluate`), MultiWorkerMirroredStrategy +
+Estimator and Horovod (`bench.cluster_horovod`, when installed) — is started
+on free loopback ports, one job at a time, the systems in alternating order
+round after round, so drifts of a shared machine touch all alike. Each job
+runs `bench.cluster_task` (`bench.cluster_jobs` starts and stops the
+processes); every trainer records each step's time, global step, loopback
+byte counter and its CPU time. examples/sec are the chief's after
+`--warmup` steps; bytes per step are both derived from the variables
+(`bench.cluster_model`) and read off `lo` (every process's loopback traffic,
+so anything else on it counts too); CPU ms per step are all trainers'
+together, which depend less on the machine's load than the rate. A line
+per job as it ends (system, model, topology, round, examples/s), then a
+markdown table; JSON (default in the temp dir); the task logs are removed
+unless a job failed. Every job ends by itself or at `--timeout_secs`; its
+processes are then killed by PID, also when the coordinator is interrupted.
+`--report=JSON` re-renders a saved run; `--trace_step` adds what one step
+runs (`bench.cluster_trace`).
 """
 
 from __future__ import annotations
@@ -23,18 +29,16 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 
 from absl import app
 from absl import flags
 
-from bench import cluster_model
+from bench import cluster_jobs
 from bench import cluster_report
+from bench import cluster_trace
 from bench import specs
-from estimator_multigpu.cluster import launch
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("quick", False, "60 steps (10 warm-up), 2 rounds: "
@@ -53,10 +57,15 @@ flags.DEFINE_string("report", None, "Re-render the table of a saved JSON "
 flags.DEFINE_string("output", None, "JSON path (default: "
                     "bench_cluster.json in the temp dir).")
 
-flags.DEFINE_list("systems", ["ps", "allreduce", "mwms"], "ps: 1 ps + "
-                  "synchronous workers; allreduce: ours (chief + workers); "
-                  "mwms: MultiWorkerMirroredStrategy + Estimator (one "
-                  "replica per task, run at 1 tower per task only).")
+flags.DEFINE_integer("trace_step", 0, "Trace this step of every chief "
+                     "(FULL_TRACE) and print, per job, the ops that step "
+                     "ran by type against ours (0: no trace).")
+flags.DEFINE_list("systems", ["ps", "allreduce", "mwms", "horovod"],
+                  "ps: 1 ps + synchronous workers; allreduce: ours (chief + "
+                  "workers); mwms: MultiWorkerMirroredStrategy + Estimator "
+                  "(one replica per task, run at 1 tower per task only); "
+                  "horovod: Horovod with gloo, one process per tower "
+                  "(skipped with one line where it is not installed).")
 
 
 def settings() -> dict:
@@ -70,88 +79,59 @@ def settings() -> dict:
           "steps": pick(FLAGS.steps, 100, 60),
           "warmup": pick(FLAGS.warmup, 20, 10),
           "rounds": pick(FLAGS.rounds, 3, 2), "cpu_count": os.cpu_count(),
-          "systems": FLAGS.systems,
+          "systems": FLAGS.systems, "trace_step": FLAGS.trace_step,
           "load_average_before": os.getloadavg()[0]}
 
 
-def task_commands(system: str, tasks: int) -> list:
-  """[(name, extra flags, extra environment)] of every process of a job."""
-  ports = [f"localhost:{p}" for p in launch.free_ports(tasks + 1)]
-  if system == "ps":
-    hosts = [f"--ps_hosts={ports[0]}", f"--worker_hosts={','.join(ports[1:])}"]
-    return [(f"{job}{i}", hosts + [f"--job_name={job}", f"--task_index={i}"],
-             {}) for job, i in [("ps", 0)] + [("worker", i)
-                                             for i in range(tasks)]]
-  spec = {"chief": ports[:1], "worker": ports[1:tasks]}
-  names = [("chief", 0)] + [("worker", i) for i in range(tasks - 1)]
-  return [(f"{job}{i}", [], {"TF_CONFIG": json.dumps(
-      {"cluster": spec, "task": {"type": job, "index": i}})})
-          for job, i in names]
-
-
-def start_job(system: str, model: str, tasks: int, towers: int, steps: int,
-              work_dir: str, started: list) -> None:
-  """Starts the job's processes, each in its own session, appending
-  (name, Popen) to `started` at once (so a failure half-way leaves the
-  caller every process to stop)."""
-  for name, flags_, env in task_commands(system, tasks):
-    command = [sys.executable, "-m", "bench.cluster_task",
-               f"--system={system}", f"--model={model}",
-               f"--towers={towers}", f"--steps={steps}",
-               f"--model_dir={os.path.join(work_dir, name)}",
-               f"--out={os.path.join(work_dir, name + '.json')}", *flags_]
-    with open(os.path.join(work_dir, name + ".log"), "w") as log:
-      started.append((name, subprocess.Popen(
-          command, cwd=cluster_report.REPO_ROOT, env={**os.environ, **env},
-          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)))
-
-
-def wait_and_stop(processes: list, timeout_secs: float) -> dict:
-  """Waits for the trainers (not the ps), then kills what is left by PID."""
-  deadline = time.monotonic() + timeout_secs
-  for name, process in processes:
-    if not name.startswith("ps"):
-      try:
-        process.wait(timeout=max(0.1, deadline - time.monotonic()))
-      except subprocess.TimeoutExpired:
-        break
-  codes = {name: process.poll() for name, process in processes}
-  for _, process in processes:
-    if process.poll() is None:
-      os.killpg(process.pid, signal.SIGKILL)  # its own session: pgid = pid.
-      process.wait()
-  return codes
-
-
-def run_job(system: str, model: str, tasks: int, towers: int,
-            config: dict, log_root: str) -> dict:
-  """One job, start to end: the chief's rate and bytes, or the failure."""
-  work_dir = tempfile.mkdtemp(prefix=f"{model}-{system}-{tasks}x{towers}-",
-                              dir=log_root)
+def run_job(job: dict, warmup: int, log_root: str) -> dict:
+  """One job ({system, model, tasks, towers, steps, trace_step, round}),
+  start to end: the chief's rate and bytes, or the failure."""
+  work_dir = tempfile.mkdtemp(
+      prefix=f"{job['model']}-{job['system']}-{job['tasks']}x"
+      f"{job['towers']}-", dir=log_root)
   began, processes = time.monotonic(), []
   try:
-    start_job(system, model, tasks, towers, config["steps"], work_dir,
-              processes)
-    codes = wait_and_stop(processes, FLAGS.timeout_secs)
+    cluster_jobs.start_job(job, work_dir, processes)
+    codes = cluster_jobs.wait_and_stop(processes, FLAGS.timeout_secs)
   finally:  # also on SIGTERM or Ctrl-C: no task outlives the coordinator.
-    wait_and_stop(processes, 0.0)
-  result = {"system": system, "model": model, "tasks": tasks,
-            "towers": towers, "codes": codes, "log_dir": work_dir,
-            "job_seconds": time.monotonic() - began}
-  return {**result, **read_chief(result, config["warmup"])}
+    cluster_jobs.wait_and_stop(processes, 0.0)
+  result = {key: job[key] for key in ("system", "model", "tasks", "towers",
+                                      "round")}
+  result.update(codes=codes, log_dir=work_dir,
+                job_seconds=time.monotonic() - began)
+  return {**result, **read_chief(result, warmup)}
 
 
 def read_chief(result: dict, warmup: int) -> dict:
-  """The summary of the chief's step record, or an error."""
+  """The summary of the chief's step record (with every trainer's CPU time
+  and traced step), or an error."""
   name = "worker0.json" if result["system"] == "ps" else "chief0.json"
-  path = os.path.join(result["log_dir"], name)
-  if not os.path.exists(path):
+  records = task_records(result["log_dir"])
+  if name not in records:
     return {"error": f"no step record; see {result['log_dir']}"}
-  with open(path) as record_file:
-    record = json.load(record_file)
   batch = result["tasks"] * specs.get_model(result["model"]).global_batch_size
-  return cluster_report.summarize(record, result["system"], result["tasks"],
-                                  result["towers"], batch, warmup)
+  summary = cluster_report.summarize(records[name], result["system"],
+                                     result["tasks"], result["towers"],
+                                     batch, warmup)
+  summary["cpu_ms_per_step"] = cluster_report.cpu_ms_per_step(
+      list(records.values()), warmup)
+  summary["outside_run_ms"] = cluster_report.outside_run_ms(records[name],
+                                                           warmup)
+  if records[name].get("trace"):
+    summary["trace"] = records[name]["trace"]
+    summary["timelines"] = {task: record.get("timeline")
+                            for task, record in records.items()}
+  return summary
+
+
+def task_records(log_dir: str) -> dict:
+  """{task name: step record} of every trainer of a job that wrote one."""
+  records = {}
+  for name in sorted(os.listdir(log_dir)):
+    if name.endswith(".json"):
+      with open(os.path.join(log_dir, name)) as record_file:
+        records[name] = json.load(record_file)
+  return records
 
 
 def rerender(path: str) -> int:
@@ -169,19 +149,12 @@ def _raise_interrupt(signum, frame):
   raise KeyboardInterrupt
 
 
-def run_all(config: dict, log_root: str) -> list:
-  """Every job, round after round, ps and all-reduce in alternating order."""
+def run_all(config: dict, todo: list, log_root: str) -> list:
+  """Runs the jobs `todo` one at a time, a progress line after each."""
   runs = []
-  for round_index in range(config["rounds"]):
-    systems = config["systems"]
-    order = systems if round_index % 2 == 0 else systems[::-1]
-    for model in config["models"]:
-      for tasks, towers in config["configs"]:
-        for system in order:
-          if system == "mwms" and towers != 1:
-            continue
-          runs.append(run_job(system, model, tasks, towers, config, log_root))
-          print(cluster_report.run_line(runs[-1]), flush=True)
+  for job in todo:
+    runs.append(run_job(job, config["warmup"], log_root))
+    print(cluster_report.run_line(runs[-1]), flush=True)
   return runs
 
 
@@ -195,14 +168,20 @@ def write_json(config: dict, runs: list, rows: list) -> str:
 
 
 def main(argv) -> int:
-  """Runs the benchmark; exit status 1 when a job failed."""
+  """Runs the benchmark; exit status 1 when a job failed, 2 when no system
+  given can run here."""
   del argv
   if FLAGS.report:
     return rerender(FLAGS.report)
   signal.signal(signal.SIGTERM, _raise_interrupt)  # runs run_job's finally.
   config, start = settings(), time.monotonic()
+  todo = cluster_jobs.jobs(config)
+  if not todo:
+    print(f"Nothing to run: --systems={','.join(config['systems'])} has no "
+          "system this Python can run; name another (ps, allreduce, mwms).")
+    return 2
   log_root = tempfile.mkdtemp(prefix="bench_cluster_")
-  runs = run_all(config, log_root)
+  runs = run_all(config, todo, log_root)
   config["total_seconds"] = time.monotonic() - start
   rows = cluster_report.table_rows(runs)
   output = write_json(config, runs, rows)
@@ -210,6 +189,8 @@ def main(argv) -> int:
   if not failed:
     shutil.rmtree(log_root, ignore_errors=True)
   print(cluster_report.markdown(config, rows))
+  if config["trace_step"]:
+    print(cluster_trace.comparison(runs))
   print(f"\n(total {config['total_seconds']:.0f} s; JSON in {output}; logs "
         f"{'kept in ' + log_root if failed else 'removed'})")
   return 1 if failed else 0

@@ -8,9 +8,12 @@ Bytes are those of the trainable variables (P, fp32) each step moves:
     (its towers' sum) and every tower reads all P bytes of weights from it
     (no caching device): (towers + 1)·P per worker, 2·P at one tower.
   - ring all-reduce over n members: each sends (and receives) 2·(n−1)/n·P.
-    The library's cross-task group has every tower of every task as a
-    member (a flat ring of D = tasks·towers devices, task after task), so
-    one ring edge per task crosses the network: 2·(D−1)/D·P per task.
+    The library's cluster default (`all_reduce="hierarchical"`) sums a
+    task's towers first, so only its first tower is a ring member:
+    2·(T−1)/T·P per task for T tasks, however many towers each has; so
+    does MultiWorkerMirroredStrategy with one replica per task. Horovod
+    runs one process per tower, and all of its D = tasks·towers processes
+    are ring members: D·2·(D−1)/D·P = 2·(D−1)·P between processes.
 """
 
 from __future__ import annotations
@@ -63,14 +66,19 @@ def wire_bytes_per_step(system: str, model_bytes: float, tasks: int,
 
   Args:
     system: "ps" (1 ps task, `tasks` workers), "allreduce" (`tasks`
-      training tasks, hierarchical: a ring of one device per task) or
-      "mwms" (one replica per task, a ring of tasks).
+      training tasks, hierarchical: a ring of one device per task),
+      "mwms" (one replica per task, a ring of tasks) or "horovod" (one
+      process per tower: a ring of tasks × towers processes, every byte
+      of it between processes).
     model_bytes: P, the trainable variables' bytes.
     tasks: training tasks (workers, the chief included).
     towers: devices per task.
   """
   if system == "ps":
     return tasks * ps_bytes_per_worker(model_bytes, towers)
+  if system == "horovod":
+    members = tasks * towers
+    return members * ring_bytes_per_member(model_bytes, members)
   return tasks * ring_bytes_per_member(model_bytes, tasks)
 
 

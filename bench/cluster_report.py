@@ -26,6 +26,30 @@ def summarize(record: dict, system: str, tasks: int, towers: int,
   }
 
 
+def cpu_ms_per_step(records: list, warmup: int) -> float:
+  """CPU milliseconds all trainers together used per global step, between
+  the end of step `warmup` and their last step (each task's own count):
+  less dependent on the machine's load than the rate."""
+  total = 0.0
+  for record in records:
+    cpu, steps = record.get("cpu_seconds"), record["steps"]
+    if not cpu or len(cpu) <= warmup:
+      return float("nan")
+    total += (cpu[-1] - cpu[warmup - 1]) / (steps[-1] - steps[warmup - 1])
+  return 1000 * total
+
+
+def outside_run_ms(record: dict, warmup: int) -> float:
+  """Median milliseconds per step the chief spent outside its recorder's
+  `session.run` (the other hooks, Estimator's loop, Python), after warm-up."""
+  times, runs = record["times"], record.get("run_seconds")
+  if not runs or len(times) <= warmup:
+    return float("nan")
+  gaps = [b - a - run for a, b, run in zip(times[warmup - 1:], times[warmup:],
+                                           runs[warmup:])]
+  return 1000 * statistics.median(gaps)
+
+
 def rederive(run: dict) -> dict:
   """`run` with its derived bytes recomputed by the current formulas."""
   if "error" in run:
@@ -36,13 +60,16 @@ def rederive(run: dict) -> dict:
 
 def run_line(run: dict) -> str:
   """One progress line per job."""
-  head = (f"{run['model']} {run['system']} {run['tasks']} tasks x"
-          f"{run['towers']}: ")
+  head = (f"{run['system']} {run['model']} {run['tasks']} tasks x "
+          f"{run['towers']} towers, round {run.get('round', '?')}: ")
   if "error" in run:
     return head + f"FAILED {run['error']} {run['codes']}"
   return head + (f"{run['examples_per_sec']:.0f} ex/s, "
                  f"{run['loopback_bytes_per_step'] / 1e6:.1f} MB/step on lo "
-                 f"(derived {run['derived_bytes_per_step'] / 1e6:.1f}); job "
+                 f"(derived {run['derived_bytes_per_step'] / 1e6:.1f}); "
+                 f"{run.get('cpu_ms_per_step', float('nan')):.1f} CPU ms/step, "
+                 f"{run.get('outside_run_ms', float('nan')):.1f} ms outside "
+                 "session.run; job "
                  f"{run['job_seconds']:.0f} s")
 
 

@@ -10,12 +10,13 @@ workers), `multi_gpu(variable_update="replicated")` through
 `--system=mwms`: the peer, TensorFlow's `MultiWorkerMirroredStrategy` with
 Estimator (`RunConfig(train_distribute=...)`, `tf.estimator.
 train_and_evaluate`) on the unwrapped model_fn, one replica per task (the
-`input_fn` batch is per task there, as ours).
+`input_fn` batch is per task there, as ours). `--system=horovod`: one
+process per tower under `horovodrun` (`bench.cluster_horovod`).
 
 Every trainer trains `--model` on its own synthetic batch (the model's
 `bench.specs` batch, split over `--towers` virtual CPUs) and writes
-`--out`: the wall-clock time, global step and loopback bytes after each
-step, and the trainable variables' bytes.
+`--out`: the wall-clock time, global step, loopback bytes and the process's
+CPU time after each step, and the trainable variables' bytes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -34,7 +36,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import estimator_multigpu as emg  # pylint: disable=wrong-import-position
 from estimator_multigpu import cluster  # pylint: disable=wrong-import-position
 from estimator_multigpu.cluster import job_control  # pylint: disable=wrong-import-position
-from bench import models, specs  # pylint: disable=wrong-import-position
+from bench import cluster_horovod, cluster_trace, models, specs  # pylint: disable=wrong-import-position
 
 tf1 = tf.compat.v1
 
@@ -49,12 +51,21 @@ def loopback_bytes() -> int:
   return 0
 
 
-class StepRecorder(tf1.train.SessionRunHook):
-  """Time, global step and loopback bytes after each step; JSON at the end."""
+def cpu_seconds() -> float:
+  """CPU time this process used so far, every thread, user + system."""
+  times = os.times()
+  return times.user + times.system
 
-  def __init__(self, path: str):
-    self._path = path
-    self._record = {"times": [], "steps": [], "lo_bytes": []}
+
+class StepRecorder(tf1.train.SessionRunHook):
+  """Time, global step, loopback bytes and the process's CPU time after each
+  step; JSON at the end
+  (with `trace`'s summary of one step, if given)."""
+
+  def __init__(self, path: str, trace: Optional[cluster_trace.StepTrace] = None):
+    self._path, self._trace = path, trace
+    self._record = {"times": [], "steps": [], "lo_bytes": [],
+                    "cpu_seconds": [], "run_seconds": []}
 
   def begin(self):
     self._step = tf1.train.get_global_step()
@@ -64,16 +75,30 @@ class StepRecorder(tf1.train.SessionRunHook):
             "tower_"))
 
   def before_run(self, run_context):
+    self._before = time.time()
     return tf1.train.SessionRunArgs(self._step)
 
   def after_run(self, run_context, run_values):
     self._record["times"].append(time.time())
+    self._record["run_seconds"].append(time.time() - self._before)
     self._record["steps"].append(int(run_values.results) + 1)
     self._record["lo_bytes"].append(loopback_bytes())
+    self._record["cpu_seconds"].append(cpu_seconds())
 
   def end(self, session):
+    if self._trace is not None:
+      self._record["trace"] = self._trace.summary
+      self._record["timeline"] = self._trace.timeline
     with open(self._path, "w") as out:
       json.dump(self._record, out)
+
+
+def recording_hooks(args) -> list:
+  """The step recorder, and the step trace when `--trace_step` asks."""
+  if not args.trace_step:
+    return [StepRecorder(args.out)]
+  trace = cluster_trace.StepTrace(args.trace_step)
+  return [StepRecorder(args.out, trace), trace]
 
 
 def make_model_fn(spec: specs.ModelSpec, replicas: int):
@@ -93,10 +118,10 @@ def make_model_fn(spec: specs.ModelSpec, replicas: int):
   return model_fn
 
 
-def run_config(args, session_config) -> tf.estimator.RunConfig:
+def run_config(model_dir: str, session_config) -> tf.estimator.RunConfig:
   """No checkpoints or summaries inside the timed steps."""
   return tf.estimator.RunConfig(
-      model_dir=args.model_dir, save_checkpoints_steps=None,
+      model_dir=model_dir, save_checkpoints_steps=None,
       save_checkpoints_secs=None, save_summary_steps=0,
       log_step_count_steps=None, session_config=session_config)
 
@@ -112,13 +137,13 @@ def run_ps_system(args, spec: specs.ModelSpec) -> None:
   base = emg.make_session_config(num_cpus=args.towers)
   model_fn = emg.multi_gpu(make_model_fn(spec, len(task.trainers)),
                            devices=towers(args))
-  estimator = tf.estimator.Estimator(
-      model_fn, config=run_config(args, cluster.session_config(task, base)))
-  recorder = StepRecorder(args.out)
+  estimator = tf.estimator.Estimator(model_fn, config=run_config(
+      args.model_dir, cluster.session_config(task, base)))
+  recorders = recording_hooks(args)
   job_control.run_trainer(
       task, lambda hooks: estimator.train(
           models.make_input_fn(spec, spec.global_batch_size),
-          max_steps=args.steps, hooks=[recorder] + hooks),
+          max_steps=args.steps, hooks=recorders + hooks),
       sync_replicas=True, base_config=base, ps_wait_secs=60)
 
 
@@ -126,11 +151,11 @@ def run_allreduce_system(args, spec: specs.ModelSpec) -> None:
   """A chief or worker of an all-reduce job (TF_CONFIG)."""
   model_fn = emg.multi_gpu(make_model_fn(spec, 0), devices=towers(args))
   estimator = tf.estimator.Estimator(model_fn, config=run_config(
-      args, emg.make_session_config(num_cpus=args.towers)))
+      args.model_dir, emg.make_session_config(num_cpus=args.towers)))
   input_fn = models.make_input_fn(spec, spec.global_batch_size)
   emg.train_and_evaluate(
       estimator, tf.estimator.TrainSpec(input_fn, max_steps=args.steps,
-                                        hooks=[StepRecorder(args.out)]),
+                                        hooks=recording_hooks(args)),
       tf.estimator.EvalSpec(input_fn, steps=1), peer_timeout_secs=60)
 
 
@@ -155,12 +180,36 @@ def run_mwms_system(args, spec: specs.ModelSpec) -> None:
   tf.estimator.train_and_evaluate(
       tf.estimator.Estimator(model_fn, config=config),
       tf.estimator.TrainSpec(input_fn, max_steps=args.steps,
-                             hooks=[StepRecorder(args.out)]),
+                             hooks=recording_hooks(args)),
       tf.estimator.EvalSpec(input_fn, steps=1))
 
 
+def run_horovod_system(args, spec: specs.ModelSpec) -> None:
+  """One process (one tower) of a Horovod job (`bench.cluster_horovod`)."""
+  import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
+  hvd.init()
+  tf1.disable_eager_execution()  # Estimator's graph mode, as the others.
+  batch = cluster_horovod.per_process_batch(spec.global_batch_size,
+                                            args.towers)
+
+  def model_fn(features, labels, mode):
+    loss = models.logits_and_loss(spec, features, labels)
+    optimizer = hvd.DistributedOptimizer(models.make_optimizer())
+    train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  args.out = cluster_horovod.record_path(args.out, hvd.rank())
+  model_dir = os.path.join(args.model_dir, f"rank{hvd.rank()}")
+  estimator = tf.estimator.Estimator(model_fn,
+                                     config=run_config(model_dir, None))
+  estimator.train(models.make_input_fn(spec, batch), max_steps=args.steps,
+                  hooks=[hvd.BroadcastGlobalVariablesHook(0)] +
+                  recording_hooks(args))
+
+
 SYSTEMS = {"ps": run_ps_system, "allreduce": run_allreduce_system,
-           "mwms": run_mwms_system}
+           "mwms": run_mwms_system,
+           cluster_horovod.SYSTEM: run_horovod_system}
 
 
 def towers(args) -> list:
@@ -177,6 +226,8 @@ def parse(argv):
   parser.add_argument("--out", required=True)
   for name in ("ps_hosts", "worker_hosts"):
     parser.add_argument(f"--{name}", type=lambda text: text.split(","))
+  parser.add_argument("--trace_step", type=int, default=0,
+                      help="Trace this step (1-based; 0: none).")
   parser.add_argument("--job_name")
   parser.add_argument("--task_index", type=int, default=0)
   return parser.parse_args(argv)

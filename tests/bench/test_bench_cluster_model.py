@@ -43,6 +43,10 @@ def test_ps_and_ring_bytes():
     ("allreduce", 4, 1, 600),  # 4 tasks x 2·3/4·100.
     ("allreduce", 4, 2, 600),
     ("mwms", 3, 1, 400),       # 3 tasks x 2·2/3·100.
+    # Horovod: a ring of every process, one per tower: D·2·(D−1)/D·100.
+    ("horovod", 2, 1, 200),    # D = 2: 2 x 100.
+    ("horovod", 2, 2, 600),    # D = 4: 4 x 150, 3x the hierarchical 200.
+    ("horovod", 3, 1, 400),    # D = 3: 3 x 133.3.
 ])
 def test_wire_bytes_per_step(system, tasks, towers, expected):
   assert cm.wire_bytes_per_step(system, 100, tasks, towers) == (
