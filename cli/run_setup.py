@@ -23,10 +23,8 @@ import estimator_multigpu as emg
 from estimator_multigpu import devices as devices_lib
 
 import datasets
-import nets
 from cli import settings as settings_lib
-from cli.data import classes
-from cli.data import images
+from cli.data import checks
 from cli.flags import validators
 from cli.model_dir import run_config
 from preprocessing import preprocessing_factory
@@ -86,27 +84,6 @@ def towers(settings: settings_lib.TowerSettings) -> Towers:
                         settings.virtual_cpus, settings.gpus)
 
 
-def image_size(model_name: str, dataset_name: str,
-               flag_value: Optional[int]) -> int:
-  """--image_size, else the dataset's native size, else the net's."""
-  if flag_value:
-    return flag_value
-  native = datasets.default_image_size(dataset_name)
-  if native and dataset_name == "digits":
-    return native
-  return nets.get_network_fn(model_name, 2).default_image_size
-
-
-def num_classes(dataset_name: str, dataset_dir: Optional[str],
-                flag_value: Optional[int], labels_offset: int = 0) -> int:
-  """--num_classes, else the dataset's minus --labels_offset."""
-  if flag_value:
-    return flag_value
-  return classes.classes_after_offset(
-      datasets.num_classes(dataset_name, dataset_dir), labels_offset,
-      dataset_name)
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelSetup:
   """Which model and data a script uses: settings over the model_dir's
@@ -150,25 +127,12 @@ def model_setup(model_dir: str, model: settings_lib.ModelSettings,
       contradicts the record, `--num_classes` the records' labels.txt, or
       the data's channels the recorded model's (cli/data/).
   """
-  record = run_config.read(model_dir)
   given, defaults = _model_and_data(model, data)
-  if record is not None:
-    run_config.check_matches(record, given, model_dir)
-    classes.check_labels_offset(record.labels_offset, given, model_dir)
-  values = run_config.recorded_or_given(record, given, defaults)
-  offset = values["labels_offset"] or 0
-  if "num_classes" in given:
-    classes.check_num_classes(given["num_classes"], values["dataset_name"],
-                              values["dataset_dir"], offset)
-  images.check_channels(values["dataset_name"], record, model_dir)
-  count = num_classes(values["dataset_name"], values["dataset_dir"],
-                      values["num_classes"], offset)
-  size = image_size(values["model_name"], values["dataset_name"],
-                    values["image_size"])
-  images.check_image_size(values["model_name"], size, values["dataset_name"])
+  record, values = run_config.resolve(model_dir, given, defaults)
+  count, size = checks.resolve(values, given, record, model_dir)
   return ModelSetup(values["model_name"], count, size,
                     values["dataset_name"], values["dataset_dir"], record,
-                    offset)
+                    values["labels_offset"] or 0)
 
 
 def recorded_max_steps(record: Optional[run_config.RunRecord],

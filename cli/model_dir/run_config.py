@@ -140,6 +140,20 @@ def check_matches(record: RunRecord, given: dict, model_dir: str) -> None:
           "recorded one, or choose another --model_dir.")
 
 
+def resolve(model_dir: str, given: dict, defaults: dict) -> tuple:
+  """(record, values): the model dir's record (None: none) and, for each
+  name of `defaults`, the given flag, else the record's, else the default.
+
+  Raises:
+    ValueError: the model dir is a file, the record cannot be read, or a
+      given flag contradicts the recorded net (`check_matches`).
+  """
+  record = read(model_dir)
+  if record is not None:
+    check_matches(record, given, model_dir)
+  return record, recorded_or_given(record, given, defaults)
+
+
 def recorded_or_given(record: Optional[RunRecord], given: dict,
                       defaults: dict) -> dict:
   """For each name of `defaults`: the given flag, else the record's, else
