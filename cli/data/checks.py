@@ -4,8 +4,9 @@ records' labels.txt, `--labels_offset` against the classes and the model
 dir's record, `--image_size` against the net, and the data's channels
 against the channels the model dir's model was trained on.
 
-`resolve` is the one call of cli/run_setup.py: it runs every check in the
-order a mistake is named and returns the resolved values.
+`classes_and_image_size` is the one call of cli/run_setup.py: it runs
+every check in the order a mistake is named and returns the resolved
+values.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from cli.model_dir import run_config
 from datasets import tfrecord
 
 
-def resolve(values: dict, given: dict,
+def classes_and_image_size(values: dict, given: dict,
             record: Optional[run_config.RunRecord],
             model_dir: str) -> tuple:
   """(num_classes, image_size) of the model and data `values` (the given

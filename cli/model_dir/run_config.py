@@ -140,7 +140,7 @@ def check_matches(record: RunRecord, given: dict, model_dir: str) -> None:
           "recorded one, or choose another --model_dir.")
 
 
-def resolve(model_dir: str, given: dict, defaults: dict) -> tuple:
+def read_and_fill(model_dir: str, given: dict, defaults: dict) -> tuple:
   """(record, values): the model dir's record (None: none) and, for each
   name of `defaults`, the given flag, else the record's, else the default.
 

@@ -37,15 +37,18 @@ def job_id(task: Optional[cluster.Task]) -> Optional[str]:
 
 def writer_lock(task: Optional[cluster.Task], model_dir: str,
                 min_free_disk_mb: int) -> ContextManager:
-  """The model dir's lock for a local run or a chief; else nothing.
+  """The model dir's lock for a local run or a chief; else nothing. The
+  tasks that write the model dir (those and the evaluator) check first
+  that they can.
 
   Raises:
     OSError: the model dir cannot be written (named first), or another
       live run holds it (`ModelDirLockedError`).
   """
+  if task is None or task.is_chief or task.type == cluster.EVALUATOR:
+    checkpoints.check_model_dir(model_dir, min_free_disk_mb)
   if task is not None and not task.is_chief:
     return contextlib.nullcontext()
-  checkpoints.check_model_dir(model_dir, min_free_disk_mb)
   return model_dir_lock.hold(model_dir, job_id(task))
 
 

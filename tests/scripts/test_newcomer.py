@@ -136,7 +136,8 @@ def test_lock_states(tmp_path):
 
 def test_only_the_chief_holds_the_lock(tmp_path):
   class Task:  # the attributes writer_lock reads.
-    is_chief, cluster = False, {"chief": ["a:1"], "ps": ["b:1"]}
+    is_chief, type, cluster = False, "worker", {"chief": ["a:1"],
+                                                "ps": ["b:1"]}
   from cli.model_dir import train_checks  # pylint: disable=g-import-not-at-top
   with train_checks.writer_lock(Task(), str(tmp_path), 0):
     assert not os.path.exists(tmp_path / "train.lock")
