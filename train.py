@@ -58,9 +58,9 @@ from cli import run_plan
 from cli import run_setup
 from cli import settings as settings_lib
 from cli import towers as towers_lib
+from cli.model_dir import checkpoints
 from cli.model_dir import run_settings
 from cli.model_dir import start
-from cli.model_dir import train_checks
 
 FLAGS = flags.FLAGS
 FLAG_GROUPS = (cli_flags.shared, cli_flags.training, cli_flags.fine_tuning,
@@ -153,8 +153,8 @@ def run(task: Optional[cluster.Task], settings: Settings) -> int:
   if task is not None and task.type == cluster.PS:
     job_control.serve_ps(task, settings.cluster.ps_linger_secs)
     return 0
-  with train_checks.writer_lock(task, settings.run.model_dir,
-                                settings.run.min_free_disk_mb):
+  with checkpoints.writer_lock(task, settings.run.model_dir,
+                               settings.run.min_free_disk_mb):
     planned = run_plan.plan(task, settings)
     if not start.start(task, settings, planned):
       return 0

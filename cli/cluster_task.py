@@ -58,7 +58,7 @@ def replicas_to_aggregate(task: Optional[cluster.Task],
 def prepare_task(task: Optional[cluster.Task], towers: towers_lib.Towers,
                  model_dir: str) -> towers_lib.Towers:
   """Prepares the model dir where this task saves (the chief, a local run;
-  cli/model_dir/train_checks.py `writer_lock` has checked it can); tells
+  cli/model_dir/checkpoints.py `writer_lock` has checked it can); tells
   Estimator the task.
 
   Returns:

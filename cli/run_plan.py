@@ -25,7 +25,6 @@ from cli.flags import advice
 from cli.flags import optimization
 from cli.model_dir import checkpoints
 from cli.model_dir import resume
-from cli.model_dir import train_checks
 
 Settings = settings_lib.TrainSettings
 
@@ -61,8 +60,6 @@ def plan(task: Optional[cluster.Task], settings: Settings) -> Plan:
       run.save_checkpoints_steps, run.save_checkpoints_secs,
       "save_checkpoints_steps" in run.given)
   towers = cluster_task.prepare_task(task, towers, run.model_dir)
-  train_checks.check_batch_of(settings.data.batch_size, setup.dataset_name,
-                              setup.dataset_split_name, setup.dataset_dir)
   input_fn = train_input_fn(settings, setup, cluster_task.trainer_number(task))
   config, warm_start = fine_tuning.apply(
       settings.fine_tuning, config, setup.record, run.model_dir, input_fn,

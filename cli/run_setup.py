@@ -81,16 +81,21 @@ def model_setup(model_dir: str, model: settings_lib.ModelSettings,
   Raises:
     ValueError: `--model_name`, `--num_classes` or `--labels_offset`
       contradicts the record, `--num_classes` the records' labels.txt, the
-      data's channels the recorded model's (cli/data/), or the
-      preprocessing does not suit the dataset.
+      data's channels the recorded model's (cli/data/), the preprocessing
+      does not suit the dataset, or (training) the batch is larger than
+      the split.
   """
   given, defaults = _model_and_data(model, data, training)
   record, values = run_config.read_and_fill(model_dir, given, defaults)
-  count, size = checks.classes_and_image_size(values, given, record,
-                                              model_dir)
   if training:
     preprocessing_factory.check_for_dataset(values["preprocessing_name"],
                                             values["dataset_name"])
+  count, size = checks.classes_and_image_size(values, given, record,
+                                              model_dir)
+  if training:
+    checks.check_batch_of(data.batch_size, values["dataset_name"],
+                          values["dataset_split_name"],
+                          values["dataset_dir"])
   return ModelSetup(values["model_name"], count, size,
                     values["dataset_name"], values["dataset_dir"], record,
                     values["labels_offset"] or 0,

@@ -20,7 +20,6 @@ import os
 from typing import Optional
 
 import classifier
-from cli.model_dir import checkpoints
 from cli.model_dir import run_settings
 
 FILENAME = "run_config.json"
@@ -85,6 +84,18 @@ def path(model_dir: str) -> str:
   return os.path.join(model_dir, FILENAME)
 
 
+def check_folder(model_dir: str) -> None:
+  """Refuses a --model_dir that is a file.
+
+  Raises:
+    ValueError: naming it and the fix.
+  """
+  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+    raise ValueError(
+        f"--model_dir={model_dir} is a file, not a folder; give the folder "
+        "train.py writes its checkpoints to (a new path starts a new run).")
+
+
 def write(model_dir: str, record: RunRecord) -> str:
   """Writes the record atomically; returns its path."""
   target = path(model_dir)
@@ -102,7 +113,7 @@ def read(model_dir: str) -> Optional[RunRecord]:
     ValueError: the model dir is a file, or the record exists but cannot be
       read as one.
   """
-  checkpoints.check_folder(model_dir)
+  check_folder(model_dir)
   try:
     with open(path(model_dir)) as f:
       data = json.load(f)

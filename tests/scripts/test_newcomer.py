@@ -138,12 +138,12 @@ def test_only_the_chief_holds_the_lock(tmp_path):
   class Task:  # the attributes writer_lock reads.
     is_chief, type, cluster = False, "worker", {"chief": ["a:1"],
                                                 "ps": ["b:1"]}
-  from cli.model_dir import train_checks  # pylint: disable=g-import-not-at-top
-  with train_checks.writer_lock(Task(), str(tmp_path), 0):
+  from cli.model_dir import checkpoints  # pylint: disable=g-import-not-at-top
+  with checkpoints.writer_lock(Task(), str(tmp_path), 0):
     assert not os.path.exists(tmp_path / "train.lock")
   Task.is_chief = True
-  with train_checks.writer_lock(Task(), str(tmp_path), 0) as path:
-    assert json.load(open(path))["job"] == train_checks.job_id(Task())
+  with checkpoints.writer_lock(Task(), str(tmp_path), 0) as path:
+    assert json.load(open(path))["job"] == checkpoints.job_id(Task())
 
 
 @pytest.mark.slow

@@ -166,24 +166,24 @@ def test_labels_offset_sets_the_classes_and_is_recorded(tmp_path):
   write_records(data_dir, "train", [1, 2, 3])
   parse("--dataset_name=tfrecord", f"--dataset_dir={data_dir}",
         "--labels_offset=1", "--image_size=8", "--preprocessing_name=crop_flip",
-        "--model_name=mlp")
+        "--model_name=mlp", "--batch_size=2")  # 3 records.
   setup = model_setup(model_dir, training=True)
   assert (setup.num_classes, setup.labels_offset) == (3, 1)  # 4 labels - 1.
   os.makedirs(model_dir)
   train_settings = dataclasses.replace(settings(), run=dataclasses.replace(
       settings().run, model_dir=model_dir))
-  run_record.record_run(setup, optimization.classifier_config(
-      settings(), 3, 0, None, setup),
-                        towers_lib.resolve_towers(None, None, 1),
-                        train_settings)
+  run_record.record_run(
+      setup, optimization.classifier_config(settings(), 3, 0, None, setup),
+      towers_lib.resolve_towers(None, None, 1), train_settings)
   record = json.load(open(run_config.path(model_dir)))
   assert (record["labels_offset"], record["preprocessing_name"],
           record["dataset_split_name"]) == (1, "crop_flip", "train")
   parse()  # eval.py with --model_dir alone: the recorded offset.
   setup = model_setup(model_dir)
   assert (setup.num_classes, setup.labels_offset) == (3, 1)
+  parse("--batch_size=2")  # train.py's resume on the 3 records...
   assert model_setup(model_dir, training=True).preprocessing_name == (
-      "crop_flip")  # a resume keeps the augmentation.
+      "crop_flip")  # ...keeps the augmentation.
   parse("--labels_offset=0")
   with pytest.raises(ValueError, match="--labels_offset=0 but --model_dir="
                      ".* was trained with labels_offset=1"):
