@@ -167,12 +167,12 @@ def run_planned(task: Optional[cluster.Task], settings: Settings,
   if settings.run.check_towers and task is None:
     check_towers(settings, planned)
   estimator = planned.estimator
-  if task is not None and task.type == cluster.EVALUATOR:
-    evaluate(settings, estimator, planned.setup)
-    return 0
-  received = train(settings, estimator, task, planned.towers,
-                   planned.input_fn, planned.setup)
-  return finish(task, settings, estimator, received)
+  if task is None or task.type != cluster.EVALUATOR:
+    received = train(settings, estimator, task, planned.towers,
+                     planned.input_fn, planned.setup)
+    return finish(task, settings, estimator, received)
+  evaluate(settings, estimator, planned.setup)
+  return 0
 
 
 class TowersMismatchError(RuntimeError):

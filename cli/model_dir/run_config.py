@@ -189,6 +189,27 @@ def recorded_value(record: RunRecord, name: str):
   return getattr(record.classifier, name, None)
 
 
+def changes(record: RunRecord, current, names) -> list:
+  """[(name, recorded value, current value)] of the settings `names` where
+  `current` (an object with those attributes, e.g. cli/run_setup.ModelSetup)
+  differs from the record, in the order of `names`; a dataset dir is the
+  same however its path is spelt."""
+  found = []
+  for name in names:
+    recorded, now = recorded_value(record, name), getattr(current, name)
+    if name == "dataset_dir" and recorded and now:
+      recorded_path, now_path = _normalized(recorded), _normalized(now)
+    else:
+      recorded_path, now_path = recorded, now
+    if recorded_path != now_path:
+      found.append((name, recorded, now))
+  return found
+
+
+def _normalized(path: str) -> str:
+  return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
+
+
 def schedule_changes(recorded: classifier.ClassifierConfig,
                      current: classifier.ClassifierConfig) -> list:
   """[(field, recorded value, current value)] of the schedule's fields and
