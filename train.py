@@ -156,7 +156,7 @@ def run(task: Optional[cluster.Task], settings: Settings) -> int:
   with checkpoints.writer_lock(task, settings.run.model_dir,
                                settings.run.min_free_disk_mb):
     planned = run_plan.plan(task, settings)
-    if not start.start(task, settings, planned):
+    if not start.check_and_record(task, settings, planned):
       return 0
     return run_planned(task, settings, planned)
 

@@ -1,8 +1,10 @@
 """What train.py trains, resolved from its settings in one place: the
-towers, the model and data (cli/run_setup.py), the model_fn's configuration
-and the training input, each checked before anything is written but the
-model dir's checks (cli/cluster_task.py `prepare_task`). The later phases of
-a run take the `Plan`, not the settings it was resolved from.
+towers (cli/towers.py), the model and data (cli/run_setup.py), the model_fn's
+configuration (cli/flags/optimization.py), the training input and the
+Estimators (cli/run_estimator.py), each checked before the model dir is
+prepared (cli/cluster_task.py `prepare_task`) but for fine-tuning, which
+reads the prepared model dir. The later phases of a run
+(cli/model_dir/start.py, train.py) take the `Plan`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class Plan(NamedTuple):
 
 def plan(task: Optional[cluster.Task], settings: Settings) -> Plan:
   """Resolves the settings for this task; a mistake raises here, before
-  anything is written but the model dir's checks."""
+  training starts (and, but for fine-tuning's, before the model dir is
+  prepared)."""
   run = settings.run
   towers = towers_lib.from_settings(settings.towers)
   setup = run_setup.model_setup(run.model_dir, settings.model, settings.data,

@@ -39,8 +39,9 @@ def nothing_to_train(model_dir: str, max_steps: int) -> bool:
   return True
 
 
-def start(task: Optional[cluster.Task], settings: settings_lib.TrainSettings,
-          planned: run_plan.Plan) -> bool:
+def check_and_record(task: Optional[cluster.Task],
+                     settings: settings_lib.TrainSettings,
+                     planned: run_plan.Plan) -> bool:
   """Readies this task's model dir for the planned run.
 
   Returns:
