@@ -146,6 +146,23 @@ def test_only_the_chief_holds_the_lock(tmp_path):
     assert json.load(open(path))["job"] == checkpoints.job_id(Task())
 
 
+def test_the_evaluator_checks_the_model_dir_a_worker_does_not(tmp_path):
+  class Task:  # the attributes writer_lock reads.
+    is_chief, type, cluster = False, "evaluator", {"chief": ["a:1"]}
+  from cli.model_dir import checkpoints  # pylint: disable=g-import-not-at-top
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  with pytest.raises(ValueError, match="is a file, not a folder"):
+    with checkpoints.writer_lock(Task(), str(a_file), 0):
+      pass
+  with checkpoints.writer_lock(Task(), str(tmp_path / "m"), 0):
+    assert os.path.isdir(tmp_path / "m")  # checked (created) ...
+  assert not os.path.exists(tmp_path / "m" / "train.lock")  # ... not locked.
+  Task.type = "worker"  # writes no checkpoint: nothing to check.
+  with checkpoints.writer_lock(Task(), str(a_file), 0):
+    pass
+
+
 @pytest.mark.slow
 def test_a_second_training_stops_at_once_naming_the_first(tmp_path):
   model_dir = str(tmp_path / "m")
