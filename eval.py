@@ -44,6 +44,7 @@ from cli import cluster_task
 from cli.flags import definitions as cli_flags
 from cli import run_setup
 from cli import settings as settings_lib
+from cli import towers as towers_lib
 from cli.model_dir import checkpoints
 from cli.model_dir import eval_dirs
 from cli.model_dir import restore_check
@@ -91,7 +92,7 @@ def num_eval_batches(dataset_name: str, split: str,
   return math.ceil(len(datasets.load_digits_split(split)[1]) / batch_size)
 
 
-def build_estimator(towers: run_setup.Towers,
+def build_estimator(towers: towers_lib.Towers,
                     config: classifier.ClassifierConfig, model_dir: str,
                     use_ema: bool, events_dir: Optional[str] = None
                     ) -> tf.estimator.Estimator:
@@ -151,7 +152,7 @@ def eval_input_fn(setup: run_setup.ModelSetup, split: str,
 
 class Evaluation(NamedTuple):
   """What eval.py evaluates: where, which model, on which input."""
-  towers: run_setup.Towers
+  towers: towers_lib.Towers
   model_dir: str
   checkpoint: Optional[str]
   config: classifier.ClassifierConfig
@@ -164,7 +165,7 @@ class Evaluation(NamedTuple):
 def plan(settings: Settings) -> Evaluation:
   """Resolves the settings: towers, checkpoint, model_dir, model, input."""
   ev, data = settings.evaluation, settings.data
-  towers = run_setup.towers(settings.towers)
+  towers = towers_lib.from_settings(settings.towers)
   checkpoint, model_dir = checkpoint_and_model_dir(
       ev.checkpoint_path, ev.model_dir, "model_dir" in ev.given)
   setup = run_setup.model_setup(model_dir, settings.model, data)

@@ -16,9 +16,8 @@ from absl import logging
 from estimator_multigpu.runtime import checkpoints as checkpoints_lib
 from estimator_multigpu import cluster
 
-from cli import run_setup
 from cli import settings as settings_lib
-from cli.model_dir import checkpoints
+from cli import towers as towers_lib
 
 
 def cluster_task(settings: settings_lib.ClusterSettings,
@@ -56,15 +55,15 @@ def replicas_to_aggregate(task: Optional[cluster.Task],
   return len(task.trainers) if task and sync_replicas else 0
 
 
-def prepare_task(task: Optional[cluster.Task], towers: run_setup.Towers,
-                 model_dir: str, min_free_disk_mb: int) -> run_setup.Towers:
-  """Checks the model dir where this task writes; tells Estimator the task.
+def prepare_task(task: Optional[cluster.Task], towers: towers_lib.Towers,
+                 model_dir: str) -> towers_lib.Towers:
+  """Prepares the model dir where this task saves (the chief, a local run;
+  cli/model_dir/checkpoints.py `writer_lock` has checked it can); tells
+  Estimator the task.
 
   Returns:
     The towers, with the session config for this task.
   """
-  if task is None or task.type in (cluster.CHIEF, cluster.EVALUATOR):
-    checkpoints.check_model_dir(model_dir, min_free_disk_mb)
   if task is None or task.is_chief:
     checkpoints_lib.prepare_model_dir(model_dir)
   if task is None:

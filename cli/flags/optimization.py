@@ -1,4 +1,5 @@
-"""Checks of train.py's tf-slim optimization flags, and what they set.
+"""Checks of train.py's tf-slim optimization flags, and what they set: the
+model_fn's configuration (`classifier_config`).
 
 Names, meanings and (mostly) defaults are tf-slim's train_image_classifier.py
 ones. Two differences from slim, kept so that earlier runs mean the same:
@@ -22,8 +23,11 @@ import math
 from typing import Callable, Optional
 
 from absl import flags
+from absl import logging
 
 import classifier
+import datasets
+from cli import run_setup
 from cli import settings
 
 FLAGS = flags.FLAGS
@@ -180,3 +184,41 @@ def classifier_settings(optimization: settings.OptimizationSettings,
                                         examples_per_epoch(),
                                         examples_per_step)
   return fields
+
+
+def epoch_size(data: settings.DataSettings,
+               setup: Optional[run_setup.ModelSetup] = None) -> int:
+  """Examples in one epoch of the training split (tfrecord: counted):
+  `setup`'s data (train.py's, cli/run_setup.py), else the settings'."""
+  name, directory, split = (
+      (setup.dataset_name, setup.dataset_dir, setup.dataset_split_name)
+      if setup else (data.dataset_name, data.dataset_dir,
+                     data.dataset_split_name or run_setup.TRAIN_SPLIT))
+  size = datasets.num_examples(name, split, directory)
+  logging.info("An epoch of split %r of %s holds %d examples.", split, name,
+               size)
+  return size
+
+
+def classifier_config(settings: settings.TrainSettings, num_classes: int,
+                      sync_replicas: int = 0,
+                      model_name: Optional[str] = None,
+                      setup: Optional[run_setup.ModelSetup] = None
+                      ) -> classifier.ClassifierConfig:
+  """The model_fn's configuration (`model_name`: the net, default the
+  settings'; `setup`: the data, default the settings')."""
+  opt = settings.optimization
+  decay_steps = opt.decay_steps or max(opt.max_steps - opt.warmup_steps, 1)
+  slim = classifier_settings(
+      opt, settings.optimizer, lambda: epoch_size(settings.data, setup),
+      settings.data.batch_size * settings.multi_gpu.accumulate_steps *
+      max(sync_replicas, 1))
+  return classifier.ClassifierConfig(
+      model_name=model_name or settings.model.model_name,
+      num_classes=num_classes, weight_decay=opt.weight_decay,
+      label_smoothing=opt.label_smoothing, optimizer=opt.optimizer,
+      learning_rate=opt.learning_rate, momentum=opt.momentum,
+      learning_rate_decay_type=opt.learning_rate_decay_type,
+      end_learning_rate=opt.end_learning_rate,
+      warmup_steps=opt.warmup_steps, sync_replicas=sync_replicas,
+      **{"decay_steps": decay_steps, **slim})

@@ -1,6 +1,8 @@
 """Checkpoints and model dirs of the scripts: the checkpoint a path names,
-whether it holds moving averages, and the checks that a model dir is a
-folder and that a run can save there.
+whether it holds moving averages, the check that a run can save in a model
+dir, and train.py's lock on it (`writer_lock`: one writer per model dir,
+estimator_multigpu.runtime.model_dir_lock; a local run and a cluster's
+chief hold it, the other tasks write no checkpoints and do not).
 
 `check_model_dir` fails before any step when the model dir cannot be
 written or its disk is nearly full; `checkpoint_schedule` refuses a schedule
@@ -10,15 +12,22 @@ even at the end or on SIGTERM).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import re
 import shutil
 import tempfile
-from typing import Optional
+from typing import ContextManager, Optional
 
 import tensorflow as tf
 
+from estimator_multigpu import cluster
 from estimator_multigpu.runtime import checkpoints as checkpoints_lib
+from estimator_multigpu.runtime import model_dir_lock
+
+from cli.model_dir import run_config
 
 # The files of a checkpoint, after its prefix.
 _CHECKPOINT_FILE = re.compile(r"\.(index|meta|data-\d+-of-\d+)$")
@@ -74,18 +83,6 @@ def checkpoint_has_ema(checkpoint: str) -> bool:
              for name, _ in tf.train.list_variables(checkpoint))
 
 
-def check_folder(model_dir: str) -> None:
-  """Refuses a --model_dir that is a file.
-
-  Raises:
-    ValueError: naming it and the fix.
-  """
-  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-    raise ValueError(
-        f"--model_dir={model_dir} is a file, not a folder; give the folder "
-        "train.py writes its checkpoints to (a new path starts a new run).")
-
-
 def check_model_dir(model_dir: str, min_free_mb: int) -> None:
   """Fails before any step when checkpoints could not be written.
 
@@ -94,7 +91,7 @@ def check_model_dir(model_dir: str, min_free_mb: int) -> None:
     OSError: the directory cannot be created or written, or its disk has
       less than `min_free_mb` MB free.
   """
-  check_folder(model_dir)
+  run_config.check_folder(model_dir)
   try:
     os.makedirs(model_dir, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=model_dir, prefix=".write_check"):
@@ -137,3 +134,28 @@ def checkpoint_schedule(steps: Optional[int], secs: Optional[int],
         "everything; give a number of steps > 0. To save only at the start "
         "and the end (SIGTERM included), give one larger than --max_steps.")
   return steps, None
+
+
+def job_id(task: Optional[cluster.Task]) -> Optional[str]:
+  """A cluster job's name for the lock: a hash of its addresses."""
+  if task is None:
+    return None
+  text = json.dumps(task.cluster, sort_keys=True).encode()
+  return "cluster-" + hashlib.sha1(text).hexdigest()[:12]
+
+
+def writer_lock(task: Optional[cluster.Task], model_dir: str,
+                min_free_disk_mb: int) -> ContextManager:
+  """The model dir's lock for a local run or a chief; else nothing. The
+  tasks that write the model dir (those and the evaluator) check first
+  that they can.
+
+  Raises:
+    OSError: the model dir cannot be written (named first), or another
+      live run holds it (`ModelDirLockedError`).
+  """
+  if task is None or task.is_chief or task.type == cluster.EVALUATOR:
+    check_model_dir(model_dir, min_free_disk_mb)
+  if task is not None and not task.is_chief:
+    return contextlib.nullcontext()
+  return model_dir_lock.hold(model_dir, job_id(task))

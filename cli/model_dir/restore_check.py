@@ -84,7 +84,7 @@ def _quiet():
 
 
 def one_tower(towers):
-  """`towers` (run_setup.Towers) cut to the first: the variables are the
+  """`towers` (cli/towers.py Towers) cut to the first: the variables are the
   same for any tower count, and one tower builds N times faster."""
   return dataclasses.replace(towers, devices=towers.devices[:1])
 

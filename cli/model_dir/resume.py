@@ -11,7 +11,6 @@ are images with another number of channels. Schedule settings may change
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 from estimator_multigpu.runtime import checkpoints as checkpoints_lib
@@ -30,35 +29,18 @@ def is_resume(model_dir: str, record: Optional[run_config.RunRecord]) -> bool:
       checkpoints_lib.find_checkpoints(model_dir))
 
 
-def _same(name: str, recorded, current) -> bool:
-  if name == "dataset_dir" and recorded and current:
-    return _path(recorded) == _path(current)
-  return recorded == current
-
-
-def _path(path: str) -> str:
-  return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
-
-
-def differences(record: run_config.RunRecord, setup) -> list:
-  """[(flag, recorded, current)] of the MUST_MATCH settings where `setup`
-  (cli/run_setup.ModelSetup) differs from the record, in table order."""
-  found = []
-  for name in SAME_DATA:
-    recorded = run_config.recorded_value(record, name)
-    current = getattr(setup, name)
-    if not _same(name, recorded, current):
-      found.append((name, recorded, current))
-  return found
-
-
-def _refusal(name: str, recorded, current, model_dir: str) -> str:
+def _other_channels(setup, model_dir: str) -> Optional[str]:
+  """The refusal of data with other channels than the recorded model's."""
+  recorded = setup.record.preprocessing.get("channels") if setup.record else (
+      None)
+  current = datasets.preprocessing(setup.dataset_name)["channels"]
+  if recorded is None or recorded == current:
+    return None
   return (
-      f"--{name}={current} but --model_dir={model_dir} was trained with "
-      f"{name}={recorded} ({run_config.path(model_dir)}); a resume goes on "
-      f"with the recorded net and data. Drop --{name} to resume with "
-      f"{recorded}, or train in a new --model_dir (add --checkpoint_path="
-      f"{model_dir} to start from its weights).")
+      f"--dataset_name={setup.dataset_name} gives {current}-channel images "
+      f"but --model_dir={model_dir} was trained on {recorded}-channel "
+      "images; its first layer cannot take them. Give "
+      f"{recorded}-channel data, or train in a new --model_dir.")
 
 
 def check(model_dir: str, setup) -> None:
@@ -72,16 +54,17 @@ def check(model_dir: str, setup) -> None:
   Raises:
     ValueError: naming the setting, both values and the fix.
   """
+  other_channels = _other_channels(setup, model_dir)
   if not is_resume(model_dir, setup.record):
     return
-  found = differences(setup.record, setup)
+  found = run_config.changes(setup.record, setup, SAME_DATA)
   if found:
-    raise ValueError(_refusal(*found[0], model_dir))
-  recorded = setup.record.preprocessing.get("channels")
-  current = datasets.preprocessing(setup.dataset_name)["channels"]
-  if recorded is not None and recorded != current:
+    name, recorded, current = found[0]
     raise ValueError(
-        f"--dataset_name={setup.dataset_name} gives {current}-channel images "
-        f"but --model_dir={model_dir} was trained on {recorded}-channel "
-        "images; its first layer cannot take them. Give "
-        f"{recorded}-channel data, or train in a new --model_dir.")
+        f"--{name}={current} but --model_dir={model_dir} was trained with "
+        f"{name}={recorded} ({run_config.path(model_dir)}); a resume goes "
+        f"on with the recorded net and data. Drop --{name} to resume with "
+        f"{recorded}, or train in a new --model_dir (add --checkpoint_path="
+        f"{model_dir} to start from its weights).")
+  if other_channels:
+    raise ValueError(other_channels)

@@ -20,7 +20,6 @@ import os
 from typing import Optional
 
 import classifier
-from cli.model_dir import checkpoints
 from cli.model_dir import run_settings
 
 FILENAME = "run_config.json"
@@ -85,6 +84,18 @@ def path(model_dir: str) -> str:
   return os.path.join(model_dir, FILENAME)
 
 
+def check_folder(model_dir: str) -> None:
+  """Refuses a --model_dir that is a file.
+
+  Raises:
+    ValueError: naming it and the fix.
+  """
+  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+    raise ValueError(
+        f"--model_dir={model_dir} is a file, not a folder; give the folder "
+        "train.py writes its checkpoints to (a new path starts a new run).")
+
+
 def write(model_dir: str, record: RunRecord) -> str:
   """Writes the record atomically; returns its path."""
   target = path(model_dir)
@@ -102,7 +113,7 @@ def read(model_dir: str) -> Optional[RunRecord]:
     ValueError: the model dir is a file, or the record exists but cannot be
       read as one.
   """
-  checkpoints.check_folder(model_dir)
+  check_folder(model_dir)
   try:
     with open(path(model_dir)) as f:
       data = json.load(f)
@@ -140,6 +151,20 @@ def check_matches(record: RunRecord, given: dict, model_dir: str) -> None:
           "recorded one, or choose another --model_dir.")
 
 
+def read_and_fill(model_dir: str, given: dict, defaults: dict) -> tuple:
+  """(record, values): the model dir's record (None: none) and, for each
+  name of `defaults`, the given flag, else the record's, else the default.
+
+  Raises:
+    ValueError: the model dir is a file, the record cannot be read, or a
+      given flag contradicts the recorded net (`check_matches`).
+  """
+  record = read(model_dir)
+  if record is not None:
+    check_matches(record, given, model_dir)
+  return record, recorded_or_given(record, given, defaults)
+
+
 def recorded_or_given(record: Optional[RunRecord], given: dict,
                       defaults: dict) -> dict:
   """For each name of `defaults`: the given flag, else the record's, else
@@ -162,6 +187,27 @@ def recorded_value(record: RunRecord, name: str):
   if hasattr(record, name) and name != "classifier":
     return getattr(record, name)
   return getattr(record.classifier, name, None)
+
+
+def changes(record: RunRecord, current, names) -> list:
+  """[(name, recorded value, current value)] of the settings `names` where
+  `current` (an object with those attributes, e.g. cli/run_setup.ModelSetup)
+  differs from the record, in the order of `names`; a dataset dir is the
+  same however its path is spelt."""
+  found = []
+  for name in names:
+    recorded, now = recorded_value(record, name), getattr(current, name)
+    if name == "dataset_dir" and recorded and now:
+      recorded_path, now_path = _normalized(recorded), _normalized(now)
+    else:
+      recorded_path, now_path = recorded, now
+    if recorded_path != now_path:
+      found.append((name, recorded, now))
+  return found
+
+
+def _normalized(path: str) -> str:
+  return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
 
 
 def schedule_changes(recorded: classifier.ClassifierConfig,

@@ -13,6 +13,7 @@ import tensorflow as tf
 import classifier
 from cli import run_setup
 from cli import settings as settings_lib
+from cli import towers as towers_lib
 from cli.model_dir import run_config
 import datasets
 
@@ -47,10 +48,9 @@ def run_options(settings: settings_lib.TrainSettings) -> dict:
 
 
 def run_record(setup: run_setup.ModelSetup,
-               config: classifier.ClassifierConfig, towers: run_setup.Towers,
+               config: classifier.ClassifierConfig, towers: towers_lib.Towers,
                settings: settings_lib.TrainSettings) -> run_config.RunRecord:
   """What run_config.json records for this run."""
-  data = run_setup.train_data(settings.data, setup)
   return run_config.RunRecord(
       classifier=config, image_size=setup.image_size,
       dataset_name=setup.dataset_name, dataset_dir=setup.dataset_dir,
@@ -58,9 +58,9 @@ def run_record(setup: run_setup.ModelSetup,
       max_steps=settings.optimization.max_steps,
       global_batch_size=settings.data.batch_size,
       towers=tuple(towers.devices), options=run_options(settings),
-      dataset_split_name=data["split"],
-      preprocessing_name=data["preprocessing_name"],
-      labels_offset=data["labels_offset"])
+      dataset_split_name=setup.dataset_split_name,
+      preprocessing_name=setup.preprocessing_name,
+      labels_offset=setup.labels_offset)
 
 
 def resume_line(record: Optional[run_config.RunRecord],
@@ -82,14 +82,14 @@ def resume_line(record: Optional[run_config.RunRecord],
 
 
 def record_run(setup: run_setup.ModelSetup,
-               config: classifier.ClassifierConfig, towers: run_setup.Towers,
+               config: classifier.ClassifierConfig, towers: towers_lib.Towers,
                settings: settings_lib.TrainSettings) -> None:
   """Writes run_config.json in the model_dir; on a resume, one INFO line
   says where it goes on from and what changed in the schedule."""
   model_dir = settings.run.model_dir
+  record = run_record(setup, config, towers, settings)
   step = checkpoint_step(model_dir)
   if step is not None:
     logging.info("%s", resume_line(setup.record, config, model_dir, step,
                                    settings.optimization.max_steps))
-  logging.info("Run configuration: %s", run_config.write(
-      model_dir, run_record(setup, config, towers, settings)))
+  logging.info("Run configuration: %s", run_config.write(model_dir, record))

@@ -13,8 +13,7 @@ import pytest
 import tensorflow as tf
 
 from cli.model_dir import run_config
-from cli.data import classes
-from cli.data import images
+from cli.data import checks
 from test_mistakes import ROOT
 from test_mistakes import run_in_process
 from test_mistakes import the_error_line
@@ -65,13 +64,13 @@ def test_num_classes_other_than_the_records_is_refused(tmp_path, capsys):
 def test_num_classes_counts_the_labels_offset(tmp_path):
   records(f"{tmp_path}/data", classes_listed=4)
   data = str(tmp_path / "data")
-  classes.check_num_classes(3, "tfrecord", data, labels_offset=1)  # 4 - 1.
+  checks.check_num_classes(3, "tfrecord", data, labels_offset=1)  # 4 - 1.
   with pytest.raises(ValueError, match=re.escape(
       "lists 4, minus --labels_offset=1 is 3); drop --num_classes (it is "
       "read from that file) or give --num_classes=3.")):
-    classes.check_num_classes(4, "tfrecord", data, labels_offset=1)
-  classes.check_num_classes(6, "synthetic", None)  # no labels file: any.
-  classes.check_num_classes(6, "tfrecord", str(tmp_path))  # none there.
+    checks.check_num_classes(4, "tfrecord", data, labels_offset=1)
+  checks.check_num_classes(6, "synthetic", None)  # no labels file: any.
+  checks.check_num_classes(6, "tfrecord", str(tmp_path))  # none there.
 
 
 # ------------------------------------ row 3: records with other features
@@ -138,7 +137,7 @@ def test_without_a_record_the_checkpoint_names_the_channels(digits_model,
 
 def test_channels_of_each_dataset():
   # digits are grayscale; synthetic and records are decoded to RGB.
-  assert [images.channels(name) for name in ("digits", "synthetic",
+  assert [checks.channels(name) for name in ("digits", "synthetic",
                                              "tfrecord")] == [1, 3, 3]
 
 

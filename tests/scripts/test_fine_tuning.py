@@ -20,7 +20,8 @@ import tensorflow as tf
 
 import classifier
 from cli import fine_tuning
-from cli import run_setup
+from cli import run_estimator
+from cli import towers as towers_lib
 from cli import settings
 from cli.model_dir import run_config
 import datasets
@@ -56,11 +57,12 @@ def train_lenet(model_dir, config, steps, variable_update="shared",
                 warm_start=None):
   """`steps` steps of `config` on 2 CPU towers, EMA on; a checkpoint at
   step 0 (Estimator's first save) and at `steps`."""
-  towers = run_setup.resolve_towers(None, None, 2)
-  model_fn = train.build_model_fn(towers, 0.9, None, BATCH, steps, steps,
-                                  None, variable_update=variable_update,
-                                  scaling_report=False)
-  estimator = train.build_estimator(model_fn, config, towers, model_dir,
+  towers = towers_lib.resolve_towers(None, None, 2)
+  model_fn = run_estimator.build_model_fn(
+      towers, 0.9, None, BATCH, steps, steps, None,
+      variable_update=variable_update, scaling_report=False)
+  estimator = run_estimator.build_estimator(model_fn, config, towers,
+                                            model_dir,
                                     steps, 1000, 1, warm_start_from=warm_start)
   estimator.train(digits_input_fn(), max_steps=steps)
   return estimator
@@ -318,7 +320,7 @@ class CountRuns(tf1.train.SessionRunHook):
 def test_eval_max_num_batches_runs_at_most_that_many(source, max_batches):
   eval_batch = 64
   config = lenet_config(SOURCE_CLASSES)
-  towers = run_setup.resolve_towers(None, None, 2)
+  towers = towers_lib.resolve_towers(None, None, 2)
   estimator = eval_script.build_estimator(towers, config, source, True)
   input_fn = datasets.make_input_fn("digits", "eval", eval_batch)
   counter = CountRuns()

@@ -136,13 +136,31 @@ def test_lock_states(tmp_path):
 
 def test_only_the_chief_holds_the_lock(tmp_path):
   class Task:  # the attributes writer_lock reads.
-    is_chief, cluster = False, {"chief": ["a:1"], "ps": ["b:1"]}
-  from cli.model_dir import train_checks  # pylint: disable=g-import-not-at-top
-  with train_checks.writer_lock(Task(), str(tmp_path), 0):
+    is_chief, type, cluster = False, "worker", {"chief": ["a:1"],
+                                                "ps": ["b:1"]}
+  from cli.model_dir import checkpoints  # pylint: disable=g-import-not-at-top
+  with checkpoints.writer_lock(Task(), str(tmp_path), 0):
     assert not os.path.exists(tmp_path / "train.lock")
   Task.is_chief = True
-  with train_checks.writer_lock(Task(), str(tmp_path), 0) as path:
-    assert json.load(open(path))["job"] == train_checks.job_id(Task())
+  with checkpoints.writer_lock(Task(), str(tmp_path), 0) as path:
+    assert json.load(open(path))["job"] == checkpoints.job_id(Task())
+
+
+def test_the_evaluator_checks_the_model_dir_a_worker_does_not(tmp_path):
+  class Task:  # the attributes writer_lock reads.
+    is_chief, type, cluster = False, "evaluator", {"chief": ["a:1"]}
+  from cli.model_dir import checkpoints  # pylint: disable=g-import-not-at-top
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  with pytest.raises(ValueError, match="is a file, not a folder"):
+    with checkpoints.writer_lock(Task(), str(a_file), 0):
+      pass
+  with checkpoints.writer_lock(Task(), str(tmp_path / "m"), 0):
+    assert os.path.isdir(tmp_path / "m")  # checked (created) ...
+  assert not os.path.exists(tmp_path / "m" / "train.lock")  # ... not locked.
+  Task.type = "worker"  # writes no checkpoint: nothing to check.
+  with checkpoints.writer_lock(Task(), str(a_file), 0):
+    pass
 
 
 @pytest.mark.slow

@@ -136,9 +136,9 @@ def test_the_same_dataset_dir_spelt_another_way_is_the_same_data(
   record = run_config.read(four_class_run["model_dir"])
   same = os.path.relpath(four_class_run["four"]) + os.sep + "." + os.sep
   setup = run_setup.ModelSetup("lenet", 4, 8, "tfrecord", same, record)
-  assert resume.differences(record, setup) == []
+  assert run_config.changes(record, setup, resume.SAME_DATA) == []
   other = dataclasses.replace(setup, dataset_dir=four_class_run["two"])
-  assert resume.differences(record, other) == [
+  assert run_config.changes(record, other, resume.SAME_DATA) == [
       ("dataset_dir", four_class_run["four"], four_class_run["two"])]
 
 

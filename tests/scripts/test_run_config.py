@@ -9,11 +9,14 @@ import tensorflow as tf
 
 import classifier
 from cli.flags import definitions as cli_flags
+from cli.flags import optimization
 import datasets
 from cli.flags import advice as run_advice
+from cli import run_estimator
 from cli import run_setup
 from cli import script_logging
 from cli import settings as settings_lib
+from cli import towers as towers_lib
 from cli.model_dir import run_config
 from cli.model_dir import run_record
 import train
@@ -134,9 +137,9 @@ def test_train_records_what_eval_and_export_need(tmp_path):
   FLAGS.model_name, FLAGS.max_steps, FLAGS.batch_size = "mlp", 40, 16
   FLAGS.model_dir = str(tmp_path)
   settings = cli_flags.read(train.Settings)
-  towers = run_setup.resolve_towers(None, None, 2)
+  towers = towers_lib.resolve_towers(None, None, 2)
   setup = model_setup(str(tmp_path))
-  config = train.classifier_config(settings, setup.num_classes, 0,
+  config = optimization.classifier_config(settings, setup.num_classes, 0,
                                    setup.model_name)
   run_record.record_run(setup, config, towers, settings)
   record = run_config.read(str(tmp_path))
@@ -151,7 +154,7 @@ def test_train_records_what_eval_and_export_need(tmp_path):
 @pytest.mark.parametrize("flag_value,max_steps,expected", [
     (None, 30, 3), (None, 1500, 100), (None, 5, 1), (7, 30, 7)])
 def test_progress_every_tenth_of_a_short_run(flag_value, max_steps, expected):
-  assert train.log_every_n_steps(flag_value, max_steps) == expected
+  assert run_estimator.log_every_n_steps(flag_value, max_steps) == expected
 
 
 @pytest.mark.parametrize("argv,verbosity", [

@@ -13,7 +13,11 @@ import tensorflow as tf
 
 from estimator_multigpu.runtime import evaluation
 from cli.flags import definitions as cli_flags
+from cli.flags import optimization
+from cli import run_estimator
+from cli import run_plan
 from cli import run_setup
+from cli import towers as towers_lib
 import eval as eval_script
 import train
 import classifier
@@ -27,18 +31,18 @@ pytestmark = pytest.mark.usefixtures("parsed_flags")
 
 
 def test_towers_default_to_two_virtual_cpus_without_gpus():
-  towers = run_setup.resolve_towers(None, None, None)
+  towers = towers_lib.resolve_towers(None, None, None)
   assert towers.devices == ["/device:CPU:0", "/device:CPU:1"]
   assert towers.session_config.device_count["CPU"] == 2
 
 
 def test_towers_from_devices_and_virtual_cpus():
-  assert run_setup.resolve_towers(None, ["/gpu:1", "/gpu:3"],
+  assert towers_lib.resolve_towers(None, ["/gpu:1", "/gpu:3"],
                                      None).devices == ["/device:GPU:1",
                                                        "/device:GPU:3"]
-  assert len(run_setup.resolve_towers(None, None, 3).devices) == 3
+  assert len(towers_lib.resolve_towers(None, None, 3).devices) == 3
   with pytest.raises(ValueError, match="--num_gpus and --virtual_cpus both"):
-    run_setup.resolve_towers(2, None, 3)
+    towers_lib.resolve_towers(2, None, 3)
 
 
 @pytest.mark.parametrize("decay_type,expected", [
@@ -73,16 +77,18 @@ def test_bad_classifier_config_names_the_flag():
 @pytest.mark.parametrize("variable_update", ["shared", "replicated"])
 def test_train_then_evaluate_in_process(variable_update, tmp_path):
   FLAGS.model_name, FLAGS.max_steps, FLAGS.batch_size = "mlp", 20, 16
-  towers = run_setup.resolve_towers(None, None, 2)
+  towers = towers_lib.resolve_towers(None, None, 2)
   settings = cli_flags.read(train.Settings)
-  config = train.classifier_config(settings, 10)
-  model_fn = train.build_model_fn(towers, 0.9, None, 16, 20, 10,
-                                  str(tmp_path),
-                                  variable_update=variable_update)
-  estimator = train.build_estimator(model_fn, config, towers, str(tmp_path),
-                                    10, 10, 1)
-  digits = run_setup.ModelSetup("mlp", 10, 8, "digits", None)
-  estimator.train(train.train_input_fn(settings, digits), max_steps=20)
+  config = optimization.classifier_config(settings, 10)
+  model_fn = run_estimator.build_model_fn(towers, 0.9, None, 16, 20, 10,
+                                          str(tmp_path),
+                                          variable_update=variable_update)
+  estimator = run_estimator.build_estimator(model_fn, config, towers,
+                                            str(tmp_path), 10, 10, 1)
+  digits = run_setup.ModelSetup("mlp", 10, 8, "digits", None,
+                                dataset_split_name="train",
+                                preprocessing_name="resize")
+  estimator.train(run_plan.train_input_fn(settings, digits), max_steps=20)
   checkpoint = tf.train.latest_checkpoint(str(tmp_path))
   assert checkpoint.endswith("model.ckpt-20")
   assert eval_script.checkpoint_has_ema(checkpoint)

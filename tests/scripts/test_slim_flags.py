@@ -13,7 +13,9 @@ import tensorflow as tf
 
 import classifier
 from cli.flags import definitions as cli_flags
+from cli.flags import optimization
 from cli import run_setup
+from cli import towers as towers_lib
 from cli.model_dir import run_config
 from cli.model_dir import run_record
 import datasets
@@ -38,8 +40,9 @@ def settings():
   return cli_flags.read(train.Settings)
 
 
-def model_setup(model_dir):
-  return run_setup.model_setup(model_dir, settings().model, settings().data)
+def model_setup(model_dir, training=False):
+  return run_setup.model_setup(model_dir, settings().model, settings().data,
+                               training)
 
 
 def test_optimizer_settings_reach_the_optimizer():
@@ -47,7 +50,7 @@ def test_optimizer_settings_reach_the_optimizer():
         "--ftrl_learning_rate_power=-1",
         "--ftrl_initial_accumulator_value=0.5", "--ftrl_l1=0.01",
         "--ftrl_l2=0.02")
-  config = train.classifier_config(settings(), 10)
+  config = optimization.classifier_config(settings(), 10)
   assert classifier.optimizer_settings(config) == {
       "ftrl_learning_rate_power": -1.0, "ftrl_initial_accumulator_value": 0.5,
       "ftrl_l1": 0.01, "ftrl_l2": 0.02}
@@ -61,11 +64,11 @@ def test_optimizer_settings_reach_the_optimizer():
 def test_slims_decay_names():
   parse("--learning_rate_decay_type=exponential",
         "--learning_rate_decay_factor=0.3", "--staircase")
-  config = train.classifier_config(settings(), 10)
+  config = optimization.classifier_config(settings(), 10)
   assert (config.decay_rate, config.staircase) == (0.3, True)
   parse("--learning_rate_decay_type=exponential",
         "--learning_rate_decay_factor=0.94")
-  assert train.classifier_config(settings(), 10).decay_rate == 0.94
+  assert optimization.classifier_config(settings(), 10).decay_rate == 0.94
 
 
 MISTAKES = [
@@ -124,23 +127,25 @@ def test_num_epochs_per_decay_gives_slims_decay_steps(accumulate, workers,
                                                       expected):
   parse("--learning_rate_decay_type=exponential", "--num_epochs_per_decay=2",
         "--batch_size=64", f"--accumulate_steps={accumulate}")
-  assert train.classifier_config(settings(), 10, workers).decay_steps == expected
+  config = optimization.classifier_config(settings(), 10, workers)
+  assert config.decay_steps == expected
 
 
 def test_epochs_of_synthetic_data_are_refused():
   parse("--dataset_name=synthetic", "--num_epochs_per_decay=1")
   with pytest.raises(ValueError, match="without epochs.*--decay_steps"):
-    train.classifier_config(settings(), 10)
+    optimization.classifier_config(settings(), 10)
 
 
-def test_each_script_has_its_own_default_split():
-  assert run_setup.train_data(settings().data)["split"] == "train"
+def test_each_script_has_its_own_default_split(tmp_path):
+  fresh = str(tmp_path / "run")
+  assert model_setup(fresh, training=True).dataset_split_name == "train"
   assert run_setup.split_name(settings().data, run_setup.EVAL_SPLIT) == "eval"
   parse("--dataset_split_name=validation")
   assert run_setup.split_name(settings().data,
                               run_setup.EVAL_SPLIT) == "validation"
   parse("--dataset_split_name=trainval")
-  assert run_setup.train_data(settings().data)["split"] == "trainval"
+  assert model_setup(fresh, training=True).dataset_split_name == "trainval"
 
 
 def write_records(data_dir, split, labels):
@@ -161,24 +166,24 @@ def test_labels_offset_sets_the_classes_and_is_recorded(tmp_path):
   write_records(data_dir, "train", [1, 2, 3])
   parse("--dataset_name=tfrecord", f"--dataset_dir={data_dir}",
         "--labels_offset=1", "--image_size=8", "--preprocessing_name=crop_flip",
-        "--model_name=mlp")
-  setup = model_setup(model_dir)
+        "--model_name=mlp", "--batch_size=2")  # 3 records.
+  setup = model_setup(model_dir, training=True)
   assert (setup.num_classes, setup.labels_offset) == (3, 1)  # 4 labels - 1.
   os.makedirs(model_dir)
   train_settings = dataclasses.replace(settings(), run=dataclasses.replace(
       settings().run, model_dir=model_dir))
-  run_record.record_run(setup, train.classifier_config(settings(), 3, 0, None,
-                                                       setup),
-                        run_setup.resolve_towers(None, None, 1),
-                        train_settings)
+  run_record.record_run(
+      setup, optimization.classifier_config(settings(), 3, 0, None, setup),
+      towers_lib.resolve_towers(None, None, 1), train_settings)
   record = json.load(open(run_config.path(model_dir)))
   assert (record["labels_offset"], record["preprocessing_name"],
           record["dataset_split_name"]) == (1, "crop_flip", "train")
   parse()  # eval.py with --model_dir alone: the recorded offset.
   setup = model_setup(model_dir)
   assert (setup.num_classes, setup.labels_offset) == (3, 1)
-  assert run_setup.train_data(settings().data, setup)["preprocessing_name"] == (
-      "crop_flip")  # a resume keeps the augmentation.
+  parse("--batch_size=2")  # train.py's resume on the 3 records...
+  assert model_setup(model_dir, training=True).preprocessing_name == (
+      "crop_flip")  # ...keeps the augmentation.
   parse("--labels_offset=0")
   with pytest.raises(ValueError, match="--labels_offset=0 but --model_dir="
                      ".* was trained with labels_offset=1"):

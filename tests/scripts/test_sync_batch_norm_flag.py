@@ -5,7 +5,9 @@ import pytest
 
 import estimator_multigpu as emg
 from cli.flags import definitions as cli_flags
-from cli import run_setup
+from cli.flags import optimization
+from cli import run_estimator
+from cli import towers as towers_lib
 import train
 
 FLAGS = flags.FLAGS
@@ -32,11 +34,11 @@ def multi_gpu_calls(monkeypatch):
 def test_flag_reaches_the_decorator(value, multi_gpu_calls, tmp_path):
   FLAGS.model_name, FLAGS.model_dir = "resnet_v1_50", str(tmp_path)
   FLAGS.sync_batch_norm = value
-  towers = run_setup.resolve_towers(None, None, 2)
+  towers = towers_lib.resolve_towers(None, None, 2)
   settings = cli_flags.read(train.Settings)
-  train.make_estimator(settings, None, towers,
-                       train.classifier_config(settings, 10),
-                       schedule=(100, None))
+  run_estimator.make_estimator(settings, None, towers,
+                               optimization.classifier_config(settings, 10),
+                               schedule=(100, None))
   assert [call["sync_batch_norm"] for call in multi_gpu_calls] == [value]
 
 

@@ -8,7 +8,11 @@ import pytest
 import tensorflow as tf
 
 from cli.flags import definitions as cli_flags
+from cli.flags import optimization
+from cli import run_estimator
+from cli import run_plan
 from cli import run_setup
+from cli import towers as towers_lib
 import train
 
 tf1 = tf.compat.v1
@@ -31,16 +35,19 @@ def test_flags_reach_the_wrapper(tmp_path):
   # updates; float16 adds the loss-scale summaries.
   FLAGS(["test", "--accumulate_steps=2", "--mixed_precision=float16",
          "--model_name=mlp", "--max_steps=4", "--batch_size=8"])
-  towers = run_setup.resolve_towers(None, None, 2)
+  towers = towers_lib.resolve_towers(None, None, 2)
   settings = cli_flags.read(train.Settings)
-  model_fn = train.build_model_fn(
+  model_fn = run_estimator.build_model_fn(
       towers, None, None, 8, 4, 2, str(tmp_path),
       accumulate_steps=FLAGS.accumulate_steps,
       mixed_precision=FLAGS.mixed_precision)
-  estimator = train.build_estimator(model_fn, train.classifier_config(settings, 10),
-                                    towers, str(tmp_path), 100, 1, 1)
-  digits = run_setup.ModelSetup("mlp", 10, 8, "digits", None)
-  estimator.train(train.train_input_fn(settings, digits), max_steps=4)
+  estimator = run_estimator.build_estimator(
+      model_fn, optimization.classifier_config(settings, 10), towers,
+      str(tmp_path), 100, 1, 1)
+  digits = run_setup.ModelSetup("mlp", 10, 8, "digits", None,
+                                dataset_split_name="train",
+                                preprocessing_name="resize")
+  estimator.train(run_plan.train_input_fn(settings, digits), max_steps=4)
   assert estimator.get_variable_value("global_step") == 4
   assert {"loss", "loss_scale", "skipped_updates"} <= scalar_tags(
       str(tmp_path))
