@@ -99,6 +99,10 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
     weight = (accumulation.micro_batch_weight(towers[0], examples,
                                               split.shards[0])
               if options.accumulate_steps > 1 else examples)
+    if cluster is not None and options.accumulate_steps == 1 and not any(
+        call.branch is not None for call in towers[0].optimizer_calls):
+      with tf.name_scope("global_loss"):  # summed with the gradients.
+        strategy.carry(specs_lib.loss_terms(towers))
     spec = _train_spec(towers, strategy, options, weight, scaling, config)
     if not strategy.waits_for_towers:  # the loss of the global batch.
       spec = spec._replace(loss=specs_lib.combine_losses(towers, [
@@ -107,7 +111,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
   spec = _with_ema(spec, mode, options, plan.aggregation_device, config,
                    applied=scaling.should_apply if scaling else None)
-  spec = _across_tasks(spec, cluster, plan)
+  spec = _across_tasks(spec, cluster, plan, strategy.carried)
   return nan_guard.guard(spec, features, labels) if spec.train_op else spec
 
 
@@ -183,13 +187,17 @@ def _global_examples(split, cluster, plan):
     return all_reduce_job.once_per_session(total) if split.static else total
 
 
-def _across_tasks(spec, cluster, plan):
-  """In an all-reduce cluster: the loss of every task's batch, and every
-  task starting from the chief's variables."""
+def _across_tasks(spec, cluster, plan, carried=None):
+  """In an all-reduce cluster: the loss of every task's batch (`carried`
+  with the gradients, else a sum of its own), and every task starting from
+  the chief's variables."""
   if cluster is None:
     return spec
-  with tf.device(plan.aggregation_device), tf.name_scope("global_loss"):
-    loss = all_reduce_job.sum_over_tasks(spec.loss, cluster, plan.devices[0])
+  loss = carried
+  if loss is None:
+    with tf.device(plan.aggregation_device), tf.name_scope("global_loss"):
+      loss = all_reduce_job.sum_over_tasks(spec.loss, cluster,
+                                           plan.devices[0])
   return spec._replace(loss=loss, scaffold=all_reduce_job.broadcast_scaffold(
       spec.scaffold, cluster, plan.devices[0]))
 

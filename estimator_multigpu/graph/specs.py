@@ -43,11 +43,16 @@ def publish_losses(loss, tower_losses: list) -> None:
 def combine_losses(towers: list, weights: Optional[list] = None
                    ) -> tf.Tensor:
   """The weighted sum of the towers' losses (default: their loss weights)."""
-  weights = weights or [tower.loss_weight for tower in towers]
   with tf.name_scope("combined_loss"):
-    terms = [_weighted(tower.spec.loss, weight)
-             for tower, weight in zip(towers, weights)]
+    terms = loss_terms(towers, weights)
     return terms[0] if len(terms) == 1 else tf.math.add_n(terms)
+
+
+def loss_terms(towers: list, weights: Optional[list] = None) -> list:
+  """Per tower, its loss times its weight (default: its loss weight)."""
+  weights = weights or [tower.loss_weight for tower in towers]
+  return [_weighted(tower.spec.loss, weight)
+          for tower, weight in zip(towers, weights)]
 
 
 def _weighted(loss: tf.Tensor, weight: Any) -> tf.Tensor:

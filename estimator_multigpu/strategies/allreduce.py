@@ -57,7 +57,8 @@ class _Reduce:
 def all_reduce(tower_grads: list, variables: list, devices: Sequence[str],
                algorithm: str = "collective", packing_bytes: int = 0,
                aggregation_device: Optional[str] = None,
-               group: Optional[collectives.Group] = None) -> list:
+               group: Optional[collectives.Group] = None,
+               carry: Optional[list] = None) -> tuple:
   """Sums each variable's gradient over the towers; every tower gets the sum.
 
   Args:
@@ -71,11 +72,14 @@ def all_reduce(tower_grads: list, variables: list, devices: Sequence[str],
     aggregation_device: where "add_n" sums.
     group: the collective group when it spans other tasks' towers too (an
       all-reduce cluster); default: these towers.
+    carry: per tower, a scalar summed in the first dense buffer of its
+      dtype (the loss, so that reporting it costs no collective of its own).
 
   Returns:
-    Per tower, one summed gradient per variable: None where every tower's
-    was None (a tower's None counts as zero otherwise), `IndexedSlices`
-    where every tower's gradient was.
+    (sums, carried). sums: per tower, one summed gradient per variable: None
+    where every tower's was None (a tower's None counts as zero otherwise),
+    `IndexedSlices` where every tower's gradient was. carried: the sum of
+    `carry` over the group, or None (not given, or no buffer of its dtype).
   """
   columns = [_normalize([grads[k] for grads in tower_grads], variable, devices)
              for k, variable in enumerate(variables)]
@@ -86,17 +90,25 @@ def all_reduce(tower_grads: list, variables: list, devices: Sequence[str],
   ready_first = list(reversed(range(len(columns))))  # backward-pass order.
   dense = [k for k in ready_first if columns[k] is not None and
            not isinstance(columns[k][0], tf.IndexedSlices)]
+  carried = None
   for keys, packed in _buckets(columns, dense, packing_bytes, devices):
-    summed = dense_sum(packed, where)
-    for tower, pieces in enumerate(_unpack(summed, [columns[k] for k in keys],
-                                           devices)):
+    bucket = [columns[k] for k in keys]
+    if carry is not None and carried is None and (
+        packed[0].dtype == carry[0].dtype):
+      summed = dense_sum(_append(packed, carry, devices), where)
+      with tf.device(devices[0]):
+        carried = summed[0][-1]
+      unpacked = _unpack_flat(summed, bucket, devices, carried=True)
+    else:
+      unpacked = _unpack(dense_sum(packed, where), bucket, devices)
+    for tower, pieces in enumerate(unpacked):
       for k, piece in zip(keys, pieces):
         results[tower][k] = piece
   for k in ready_first:
     if columns[k] is not None and k not in dense:
       for tower, piece in enumerate(sparse_sum(columns[k], where)):
         results[tower][k] = piece
-  return results
+  return results, carried
 
 
 def _normalize(column: list, variable, devices) -> Optional[list]:
@@ -154,15 +166,33 @@ def _pack(columns: list, devices) -> list:
   return packed
 
 
+def _append(packed: list, carry: list, devices) -> list:
+  """Per tower, its buffer flattened with its carried scalar at the end."""
+  appended = []
+  for buffer, scalar, device in zip(packed, carry, devices):
+    with tf.device(device), tf.name_scope("pack"):
+      appended.append(tf.concat([tf.reshape(buffer, [-1]),
+                                 tf.reshape(scalar, [1])], 0))
+  return appended
+
+
 def _unpack(summed: list, columns: list, devices) -> list:
   """Per tower, the summed buffer split back into the gradients' shapes."""
   if len(columns) == 1:
     return [[s] for s in summed]
+  return _unpack_flat(summed, columns, devices)
+
+
+def _unpack_flat(summed: list, columns: list, devices,
+                 carried: bool = False) -> list:
+  """Per tower, a flat summed buffer split into the gradients' shapes (the
+  carried scalar at its end dropped)."""
   shapes = [column[0].shape for column in columns]
+  sizes = [s.num_elements() for s in shapes] + ([1] if carried else [])
   unpacked = []
   for tower, buffer in enumerate(summed):
     with tf.device(devices[tower]), tf.name_scope("unpack"):
-      pieces = tf.split(buffer, [s.num_elements() for s in shapes])
+      pieces = tf.split(buffer, sizes)
       unpacked.append([tf.reshape(p, s) for p, s in zip(pieces, shapes)])
   return unpacked
 

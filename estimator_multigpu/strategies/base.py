@@ -66,6 +66,16 @@ class VariableStrategy(abc.ABC):
 
   def __init__(self, plan: Any):
     self.plan = plan
+    # The sum over every tower of every task of the terms given to `carry`,
+    # once `combine` has all-reduced them with the gradients (else None).
+    self.carried: Optional[tf.Tensor] = None
+
+  def carry(self, terms: list) -> None:
+    """Asks `combine` to sum `terms` (one scalar per tower, e.g. the
+    towers' weighted losses) inside its first all-reduce of gradients, one
+    barrier fewer per step; `carried` then holds the sum. A strategy that
+    all-reduces nothing ignores it (`carried` stays None)."""
+    del terms
 
   @abc.abstractmethod
   def placement(self, tower: Any) -> Any:

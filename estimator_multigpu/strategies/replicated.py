@@ -114,6 +114,7 @@ class ReplicatedVariables(shared.SharedVariables):
     self._replicated: set = set()  # tower 0's trainable variable names.
     self._copies: dict = {}  # (tower index, original name) -> copy.
     self._originals: dict = {}  # copy name -> original.
+    self._carry: Optional[list] = None  # `carry`'s terms, one per tower.
 
   def placement(self, tower):
     return tower.device
@@ -165,6 +166,9 @@ class ReplicatedVariables(shared.SharedVariables):
           tf1.add_to_collection(tf1.GraphKeys.REGULARIZATION_LOSSES, loss)
     return self._copies[key]
 
+  def carry(self, terms: list) -> None:
+    self._carry = terms
+
   def combine(self, towers: list) -> list:
     """All-reduces each optimizer call's gradients: one sum per tower."""
     updates = []
@@ -177,10 +181,12 @@ class ReplicatedVariables(shared.SharedVariables):
       tower_grads = [[g for g, _ in pairs] for pairs in tower_pairs]
       base.warn_no_gradient(tower_grads, variables)
       with tf.name_scope("all_reduce"):
-        summed = allreduce.all_reduce(
+        summed, carried = allreduce.all_reduce(
             tower_grads, variables, [tower.device for tower in towers],
             self.plan.all_reduce, self.plan.gradient_packing_bytes,
-            self.plan.aggregation_device, self.plan.collective_group)
+            self.plan.aggregation_device, self.plan.collective_group,
+            carry=self._carry if position == 0 else None)
+      self.carried = self.carried if carried is None else carried
       updates += [base.Update(position, calls[0], tower, tower.device,
                               list(zip(grads, variables)))
                   for tower, grads in zip(towers, summed)]

@@ -11,6 +11,7 @@ with `sync_batch_norm=True` (moments over every task's towers).
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -19,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_multigpu as emg
+from estimator_multigpu.runtime import hooks
 
 tf1 = tf.compat.v1
 BATCH = 7
@@ -56,12 +58,31 @@ def parse(argv):
   parser.add_argument("--ema_decay", type=float, default=None)
   parser.add_argument("--all_reduce", default=None)
   parser.add_argument("--batch_norm", type=int, default=0)
+  # 1: the loss of every step to <model_dir>_losses.json.
+  parser.add_argument("--record_losses", type=int, default=0)
   # Faults and slow phases (test_all_reduce_faults.py).
   parser.add_argument("--build_delay_secs", type=float, default=0)
   parser.add_argument("--pause_at_step", type=int, default=-1)
   parser.add_argument("--pause_secs", type=float, default=0)
   parser.add_argument("--stuck_at_step", type=int, default=-1)
   return parser.parse_args(argv)
+
+
+class RecordLoss(tf1.train.SessionRunHook):
+  """Writes the loss the spec reports at every step to a JSON list."""
+
+  def __init__(self, loss, path):
+    self._loss, self._path, self._values = loss, path, []
+
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs(self._loss)
+
+  def after_run(self, run_context, run_values):
+    self._values.append(float(run_values.results))
+
+  def end(self, session):
+    with open(self._path, "w") as out:
+      json.dump(self._values, out)
 
 
 class Pause(tf1.train.SessionRunHook):
@@ -116,6 +137,9 @@ def main(argv):
       devices=[f"/cpu:{i}" for i in range(args.towers)],
       accumulate_steps=args.accumulate_steps, ema_decay=args.ema_decay,
       all_reduce=args.all_reduce, sync_batch_norm=bool(args.batch_norm))
+  if args.record_losses:
+    fn = hooks.with_training_hooks(fn, lambda spec: [
+        RecordLoss(spec.loss, f"{args.model_dir}_losses.json")])
   input_fn = lambda: stuck_at(tf.data.Dataset.from_tensors(  # noqa: E731
       (x[start:end], y[start:end])).repeat(), args.stuck_at_step)
   emg.train_and_evaluate(

@@ -61,9 +61,11 @@ def wait_all(tasks, timeout=240):
   return {name: process.returncode for name, process, _ in tasks}
 
 
-def one_device(steps, initial_checkpoint, trajectory=None, batch_norm=False):
+def one_device(steps, initial_checkpoint, trajectory=None, batch_norm=False,
+               losses=None):
   """The unwrapped model_fn on all 7 rows, from the chief's start (its
-  variables after each step are appended to `trajectory`)."""
+  variables after each step are appended to `trajectory`, the loss of each
+  step to `losses`)."""
   x, y = all_reduce_task.data()
   with tf.Graph().as_default():
     tf1.train.get_or_create_global_step()
@@ -74,7 +76,9 @@ def one_device(steps, initial_checkpoint, trajectory=None, batch_norm=False):
     with tf1.Session() as session:
       tf1.train.Saver(variables).restore(session, initial_checkpoint)
       for _ in range(steps):
-        session.run(spec.train_op)
+        loss, _ = session.run([spec.loss, spec.train_op])
+        if losses is not None:
+          losses.append(loss)
         if trajectory is not None:
           trajectory.append(dict(zip(names, session.run(variables))))
       return dict(zip(names, session.run(variables)))
@@ -100,11 +104,18 @@ def moving_average(initial, trajectory, name, decay):
 ])
 def test_all_reduce_job_equals_one_device(tmp_path, rows, towers, extra):
   steps = 4
-  codes = wait_all(start_job(tmp_path, rows, towers, steps, **extra))
+  codes = wait_all(start_job(tmp_path, rows, towers, steps, record_losses=1,
+                             **extra))
   assert set(codes.values()) == {0}, codes
   chief = str(tmp_path / "chief0")
+  losses = []
   expected = one_device(steps, f"{chief}/model.ckpt-0",
-                        batch_norm="batch_norm" in extra)
+                        batch_norm="batch_norm" in extra, losses=losses)
+  # The loss every task reports is the global batch's, every step (summed
+  # over the tasks inside the gradients' all-reduce).
+  for task in ("chief0", "worker0"):
+    reported = json.loads((tmp_path / f"{task}_losses.json").read_text())
+    np.testing.assert_allclose(reported, losses, rtol=1e-5, err_msg=task)
   reader = tf.train.load_checkpoint(chief)
   assert sorted(reader.get_variable_to_shape_map()) == sorted(expected)
   for name, value in expected.items():

@@ -112,8 +112,8 @@ def test_all_reduce_gives_every_tower_the_sum(algorithm, packing_bytes,
         grads.append([tf.constant(dense[tower]),
                       None if tower == 1 else tf.constant(vector[tower]),
                       None if tower == 2 else sparse, None])
-    summed = allreduce.all_reduce(grads, variables, devices, algorithm,
-                                  packing_bytes, devices[0])
+    summed, _ = allreduce.all_reduce(grads, variables, devices, algorithm,
+                                     packing_bytes, devices[0])
     assert all(isinstance(s[2], tf.IndexedSlices) and s[3] is None
                for s in summed)
     with tf1.Session(config=session_config) as session:
@@ -129,6 +129,38 @@ def test_all_reduce_gives_every_tower_the_sum(algorithm, packing_bytes,
   for tower in got[1:]:  # bit-identical in every tower.
     for a, b in zip(tower, got[0]):
       np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("algorithm", allreduce.ALGORITHMS)
+@pytest.mark.parametrize("packing_bytes", [0, 40, 1 << 20])
+def test_a_carried_scalar_is_summed_with_the_gradients(algorithm,
+                                                      packing_bytes,
+                                                      session_config):
+  """The loss rides in the first float32 buffer: its sum comes back, and
+  every gradient is still the numpy sum, shape included (packing 0: a
+  buffer of one (3, 2) gradient, flattened to carry and reshaped back)."""
+  devices = harness.cpu_devices(3)
+  dense = [RNG.randn(3, 2).astype(np.float32) for _ in devices]
+  vector = [RNG.randn(5).astype(np.float32) for _ in devices]
+  losses = [np.float32(v) for v in (0.5, 1.25, -2.0)]
+  with tf.Graph().as_default():
+    variables = [tf1.Variable(np.zeros(shape, np.float32))
+                 for shape in [(3, 2), (5,)]]
+    grads, carry = [], []
+    for tower, device in enumerate(devices):
+      with tf.device(device):
+        grads.append([tf.constant(dense[tower]), tf.constant(vector[tower])])
+        carry.append(tf.constant(losses[tower]))
+    summed, carried = allreduce.all_reduce(
+        grads, variables, devices, algorithm, packing_bytes, devices[0],
+        carry=carry)
+    assert [s.shape.as_list() for s in summed[1]] == [[3, 2], [5]]
+    with tf1.Session(config=session_config) as session:
+      got, total = session.run([summed, carried])
+  assert total == pytest.approx(0.5 + 1.25 - 2.0, abs=1e-6)
+  for tower_dense, tower_vector in got:
+    np.testing.assert_allclose(tower_dense, np.sum(dense, 0), rtol=1e-6)
+    np.testing.assert_allclose(tower_vector, np.sum(vector, 0), rtol=1e-6)
 
 
 def test_keras_layers_and_tf_gradients_use_the_towers_copies(session_config):
