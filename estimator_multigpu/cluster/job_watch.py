@@ -125,7 +125,18 @@ class JobWatch:
             self._stuck(entries))
 
   def _board_silent(self) -> Optional[str]:
+    """The chief hosts the board: for another task its silence is the
+    chief's; on the chief itself it follows a peer's death (its session
+    breaks), so the chief waits twice as long, for the peer probes that
+    name the peer, and then names no one."""
     silent = time.monotonic() - self._answered
+    if self._me == "chief:0":
+      if silent <= 2 * self._timeout:
+        return None
+      return (f"this task's own job board has not answered for "
+              f"{silent:.0f} s (a peer stopped or is unreachable); this task "
+              f"({self.name(self._me)}) ends. Restart every task of the "
+              "job: training resumes from the chief's newest checkpoint.")
     if silent <= self._timeout:
       return None
     return (f"task {self._names.get('chief:0', 'chief:0')} has not answered "

@@ -97,10 +97,10 @@ class FakeBoard:
             if prefix is None or k.startswith(prefix)}
 
 
-def make_watch(board, timeout=10.0):
+def make_watch(board, timeout=10.0, me="chief:0"):
   names = {"chief:0": "worker --task_index=0 (the chief)",
            "worker:0": "worker --task_index=1"}
-  return job_watch.JobWatch(board, "chief:0", names, job_watch.Progress(),
+  return job_watch.JobWatch(board, me, names, job_watch.Progress(),
                             timeout, on_end=lambda line: None)
 
 
@@ -143,9 +143,28 @@ def test_a_silent_chief_and_a_peer_that_ended_end_the_task(monkeypatch):
   now = [100.0]
   monkeypatch.setattr(job_watch.time, "monotonic", lambda: now[0])
   board = FakeBoard()
-  watch = make_watch(board)
-  board.post("end/worker:0", {"line": "task worker:0 stopped on SIGTERM"})
-  assert watch._check(1) == "task worker:0 stopped on SIGTERM"
+  watch = make_watch(board, me="worker:0")
+  board.post("end/chief:0", {"line": "task chief:0 stopped on SIGTERM"})
+  assert watch._check(1) == "task chief:0 stopped on SIGTERM"
   board.answers = False
   now[0] += 11
   assert "(the chief) has not answered for 11 s" in watch._check(2)
+
+
+def test_the_chief_waits_longer_for_its_own_board_and_blames_no_one(
+    monkeypatch):
+  """On the chief a silent board follows a peer's death: the peer probes
+  get twice the timeout to name the peer first."""
+  now = [100.0]
+  monkeypatch.setattr(job_watch.time, "monotonic", lambda: now[0])
+  board = FakeBoard()
+  watch = make_watch(board)
+  assert watch._check(1) is None
+  board.answers = False
+  now[0] += 11
+  assert watch._check(2) is None
+  now[0] += 10
+  line = watch._check(3)
+  assert line.startswith("this task's own job board has not answered for "
+                         "21 s (a peer stopped or is unreachable)"), line
+  assert "(the chief) has not answered" not in line
