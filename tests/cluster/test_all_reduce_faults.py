@@ -145,6 +145,15 @@ def start_tasks(tmp_path, extras, steps, cluster=None, **common):
   return tasks
 
 
+def codes_then_kill(tasks, timeout, wait_for=None):
+  """The exit codes of `wait_for` (default: every task), then every task's
+  processes killed (whatever the wait ended with)."""
+  try:
+    return wait_all(wait_for or tasks, timeout=timeout)
+  finally:
+    kill(tasks)
+
+
 def kill(tasks):
   for _, process, _ in tasks:
     if process.poll() is None:
@@ -158,10 +167,7 @@ def test_no_false_alarm_while_a_task_builds_saves_or_evaluates(tmp_path):
   tasks = start_tasks(tmp_path, [{}, {"build_delay_secs": 8,
                                       "pause_at_step": 2, "pause_secs": 8}],
                       5, peer_timeout_secs=3)
-  try:
-    codes = wait_all(tasks, timeout=180)
-  finally:
-    kill(tasks)
+  codes = codes_then_kill(tasks, 180)
   assert set(codes.values()) == {0}, [t[2].read_text()[-2000:] for t in tasks]
   assert tf.train.load_checkpoint(str(tmp_path / "chief0")).get_tensor(
       "global_step") == 5
@@ -172,10 +178,7 @@ def test_a_stuck_step_ends_every_task(tmp_path):
   the all-reduce; both end with the one line."""
   tasks = start_tasks(tmp_path, [{}, {"stuck_at_step": 3}], 100000,
                       peer_timeout_secs=4)
-  try:
-    codes = wait_all(tasks, timeout=150)
-  finally:
-    kill(tasks)
+  codes = codes_then_kill(tasks, 150)
   assert codes == {"chief:0": 1, "worker:0": 1}, codes
   for _, _, log in tasks:
     errors = [line for line in log.read_text().splitlines()
@@ -186,10 +189,7 @@ def test_a_stuck_step_ends_every_task(tmp_path):
 def test_tasks_that_disagree_are_refused_by_name(tmp_path):
   """Another tower count (the graph's), then another cluster list."""
   tasks = start_tasks(tmp_path, [{"towers": 1}, {"towers": 2}], 5)
-  try:
-    codes = wait_all(tasks, timeout=150)
-  finally:
-    kill(tasks)
+  codes = codes_then_kill(tasks, 150)
   assert codes == {"chief:0": 1, "worker:0": 1}, codes
   for _, _, log in tasks:
     assert re.search(r"Tasks disagree on towers per task \(graph\): [12] on "
@@ -203,10 +203,7 @@ def test_cluster_lists_that_differ_are_named_as_such(tmp_path):
            "worker": [f"localhost:{ports[1]}"]}
   large = {**small, "worker": small["worker"] + [f"localhost:{ports[2]}"]}
   tasks = start_tasks(tmp_path, [{}, {}], 5, cluster={0: small, 1: large})
-  try:
-    codes = wait_all(tasks[:1], timeout=150)
-  finally:
-    kill(tasks)
+  codes = codes_then_kill(tasks, 150, wait_for=tasks[:1])
   assert codes == {"chief:0": 1}, codes
   assert "The TF_CONFIG cluster lists differ" in tasks[0][2].read_text()
 
@@ -279,10 +276,7 @@ def test_a_port_in_use_names_the_address(tmp_path):
     tasks = start_tasks(tmp_path, [{}, {}], 5, cluster={0: {
         "chief": [f"localhost:{port}"],
         "worker": [f"localhost:{launch.free_ports(1)[0]}"]}})
-    try:
-      codes = wait_all(tasks[:1], timeout=120)
-    finally:
-      kill(tasks)
+    codes = codes_then_kill(tasks, 120, wait_for=tasks[:1])
   assert codes["chief:0"] != 0
   assert f"cannot listen on its address localhost:{port}" in (
       tasks[0][2].read_text()), tasks[0][2].read_text()[-2000:]

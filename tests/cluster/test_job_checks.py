@@ -97,6 +97,14 @@ class FakeBoard:
             if prefix is None or k.startswith(prefix)}
 
 
+@pytest.fixture
+def now(monkeypatch):
+  """The job watch's clock, moved by hand: now[0] += seconds."""
+  clock = [100.0]
+  monkeypatch.setattr(job_watch.time, "monotonic", lambda: clock[0])
+  return clock
+
+
 def make_watch(board, timeout=10.0, me="chief:0"):
   names = {"chief:0": "worker --task_index=0 (the chief)",
            "worker:0": "worker --task_index=1"}
@@ -104,10 +112,7 @@ def make_watch(board, timeout=10.0, me="chief:0"):
                             timeout, on_end=lambda line: None)
 
 
-def test_a_peer_whose_heartbeat_stops_is_named_after_the_timeout(
-    monkeypatch):
-  now = [100.0]
-  monkeypatch.setattr(job_watch.time, "monotonic", lambda: now[0])
+def test_a_peer_whose_heartbeat_stops_is_named_after_the_timeout(now):
   board = FakeBoard()
   watch = make_watch(board)
   board.post("beat/worker:0", {"beat": 1, "steps": 0, "phase": "starting",
@@ -118,10 +123,7 @@ def test_a_peer_whose_heartbeat_stops_is_named_after_the_timeout(
       "task worker --task_index=1 has made no progress for 11 s")
 
 
-def test_every_task_in_a_step_with_none_finished_is_a_stuck_step(
-    monkeypatch):
-  now = [100.0]
-  monkeypatch.setattr(job_watch.time, "monotonic", lambda: now[0])
+def test_every_task_in_a_step_with_none_finished_is_a_stuck_step(now):
   board = FakeBoard()
   watch = make_watch(board)
   watch._progress.phase, watch._progress.steps = job_watch.STEP, 3
@@ -139,9 +141,7 @@ def test_every_task_in_a_step_with_none_finished_is_a_stuck_step(
   assert watch._check(99) is None
 
 
-def test_a_silent_chief_and_a_peer_that_ended_end_the_task(monkeypatch):
-  now = [100.0]
-  monkeypatch.setattr(job_watch.time, "monotonic", lambda: now[0])
+def test_a_silent_chief_and_a_peer_that_ended_end_the_task(now):
   board = FakeBoard()
   watch = make_watch(board, me="worker:0")
   board.post("end/chief:0", {"line": "task chief:0 stopped on SIGTERM"})
@@ -151,12 +151,9 @@ def test_a_silent_chief_and_a_peer_that_ended_end_the_task(monkeypatch):
   assert "(the chief) has not answered for 11 s" in watch._check(2)
 
 
-def test_the_chief_waits_longer_for_its_own_board_and_blames_no_one(
-    monkeypatch):
+def test_the_chief_waits_longer_for_its_own_board_and_blames_no_one(now):
   """On the chief a silent board follows a peer's death: the peer probes
   get twice the timeout to name the peer first."""
-  now = [100.0]
-  monkeypatch.setattr(job_watch.time, "monotonic", lambda: now[0])
   board = FakeBoard()
   watch = make_watch(board)
   assert watch._check(1) is None
