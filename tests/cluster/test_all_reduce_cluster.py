@@ -149,8 +149,10 @@ def test_accumulation_and_ema_across_machines(tmp_path):
 
 def test_a_dead_worker_ends_the_job_within_the_peer_timeout(tmp_path):
   """The chief ends within the bound. Usually the health check (or the
-  failed step) ends it with status 1 and one line naming the worker;
-  TensorFlow's own runtime sometimes crashes first on the broken
+  failed step) ends it with status 1 and one line naming the worker; on
+  a loaded machine the chief's own job board may go silent first (its
+  session broke with the peer): status 1 and one line saying a peer
+  stopped; TensorFlow's own runtime sometimes crashes first on the broken
   connection (SIGSEGV/SIGABRT): still bounded, without the line."""
   tasks = start_job(tmp_path, ["0:4", "4:7"], 1, 100000,
                     peer_timeout_secs=10)
@@ -160,9 +162,12 @@ def test_a_dead_worker_ends_the_job_within_the_peer_timeout(tmp_path):
   assert codes["chief:0"] in (1, -signal.SIGSEGV, -signal.SIGABRT), codes
   if codes["chief:0"] == 1:
     log = tasks[0][2].read_text()
-    errors = [line for line in log.splitlines()
-              if "does not answer: it died or never started" in line]
-    assert len(errors) == 1 and "task worker:0" in errors[0], log[-2000:]
+    named = [line for line in log.splitlines()
+             if "does not answer: it died or never started" in line]
+    unnamed = [line for line in log.splitlines() if "this task's own job "
+               "board has not answered" in line and "a peer stopped" in line]
+    assert (len(named) == 1 and "task worker:0" in named[0] and
+            not unnamed) or (len(unnamed) == 1 and not named), log[-2000:]
 
 
 def test_a_restarted_job_resumes_from_the_chief_checkpoint(tmp_path):
