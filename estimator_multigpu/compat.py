@@ -105,6 +105,9 @@ INTERNALS = {
     "keras_batch_norm": Internal(
         "{keras}.src.layers.normalization.batch_normalization",
         ("BatchNormalizationBase",), "synchronized batch norm (Keras layers)"),
+    "keras_metrics_utils": Internal(
+        "{keras}.src.utils.metrics_utils", ("update_state_wrapper",),
+        "Keras metrics built once from the global batch"),
     "keras_v1_layers": Internal(
         "{keras}.api._v1.keras.__internal__.legacy.layers",
         ("BatchNormalization", "batch_normalization"),

@@ -20,7 +20,9 @@ from estimator_multigpu.graph import calling
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import ema as ema_lib
 from estimator_multigpu.graph import empty_shards
+from estimator_multigpu.graph import global_calls
 from estimator_multigpu.graph import nan_guard
+from estimator_multigpu.graph import notices
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import precision as precision_lib
 from estimator_multigpu.graph import readouts
@@ -48,6 +50,15 @@ Options = options_lib.Options
 
 def build_spec(model_fn, options: Options, features, labels, mode, params,
                config):
+  """Builds the towers for one graph and merges their specs; its warnings
+  are said once per model_fn and mode (`notices`)."""
+  with notices.scope(model_fn, mode):
+    return _build_spec(model_fn, options, features, labels, mode, params,
+                       config)
+
+
+def _build_spec(model_fn, options: Options, features, labels, mode, params,
+                config):
   """Builds the towers for one graph and merges their specs."""
   if calling.is_serving_graph(features, mode):
     spec = calling.call_model_fn(model_fn, features, labels, mode, params,
@@ -73,6 +84,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       options.mixed_precision, scaling.value if scaling else None)
                if options.mixed_precision else None)
   ranges = readouts.OpRanges()
+  shares, analyses = _shares(split, examples), _analyses(split)
+  recorder = global_calls.Recorder(analyses[0])
   towers = towers_lib.build_towers(
       lambda tower, shard: _call_tower(model_fn, precision, shard, mode,
                                        params, config),
@@ -80,19 +93,21 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       loss_weights=[split.loss_weight(i, _gradient_weights(options, strategy),
                                       examples)
                     for i in range(plan.num_towers)],
-      tower_scopes=[ranges.scope_factory, empty_shards.scope_factory(split)] +
+      tower_scopes=[ranges.scope_factory, empty_shards.scope_factory(split),
+                    recorder.scope] +
       ([precision.tower_scope] if precision else []) +
       ([canned.optimizer_scope] if mode == ModeKeys.TRAIN else []) +
       _cross_tower_scopes(plan, split, mode, options))
-  shares, analyses = _shares(split, examples), _analyses(split)
+  recorder.bind(towers, shares)
   if mode != ModeKeys.PREDICT:
-    readouts.combine(towers, shares, analyses[0], ranges)
+    readouts.combine(towers, shares, analyses[0], ranges, recorder.built_ops)
   elif towers[0].spec.predictions is not None:
     readouts.warn_coupled_predictions(towers[0].spec.predictions,
                                       analyses[0])
   if mode != ModeKeys.TRAIN:
     spec = specs_lib.merge_specs(towers, mode, shares=shares,
-                                 analyses=analyses)
+                                 analyses=analyses,
+                                 built=recorder.built_ops)
   else:
     towers[0].deferred_dependencies += state_updates.reconcile(
         towers, split.shards[0])

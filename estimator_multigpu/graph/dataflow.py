@@ -86,8 +86,17 @@ class ShardAnalysis:
       self._classify(tensor)
     return self._status[tensor.ref()]
 
+  @property
+  def size(self) -> Optional[int]:
+    """The shard's static number of examples, or None."""
+    return self._size
+
   def is_rows(self, tensor: tf.Tensor) -> bool:
     return self.status(tensor) == ROWS
+
+  def mark_global(self, tensor: tf.Tensor) -> None:
+    """Declares `tensor` the global batch's (a readout's stub, `global_calls`)."""
+    self._status[tensor.ref()] = GLOBAL
 
   def _classify(self, root: tf.Tensor) -> None:
     """Classifies `root` and its ancestors, inputs first (no recursion)."""
@@ -185,3 +194,71 @@ def static_size(leaves: list) -> Optional[int]:
     if leaf.shape.rank and leaf.shape[0] is not None:
       return int(leaf.shape[0])
   return None
+
+
+# ------------------------------------------------ the kind of a statistic
+MEAN, SUM, MAX, MIN = "mean", "sum", "max", "min"
+_PASS_THROUGH = frozenset({"Identity", "Cast", "Neg", "Reshape", "Squeeze",
+                           "ExpandDims", "PlaceholderWithDefault"})
+_LINEAR_SUMS = frozenset({"Add", "AddV2", "Sub", "AddN"})
+_SCALES = frozenset({"Mul", "RealDiv", "DivNoNan", "Div"})
+_KIND_OF_REDUCTION = {"Mean": MEAN, "Sum": SUM, "Max": MAX, "Min": MIN}
+
+
+def strip_pass_through(tensor: tf.Tensor) -> tf.Tensor:
+  """`tensor` before casts, identities and reshapes (of the same values)."""
+  while tensor.op.type in _PASS_THROUGH and tensor.op.type != "Neg":
+    tensor = tensor.op.inputs[0]
+  return tensor
+
+
+def statistic_kind(tensor: tf.Tensor,
+                   analysis: ShardAnalysis) -> Optional[str]:
+  """How a shard statistic combines over the towers: `MEAN`, `SUM`, `MAX`,
+  `MIN` of the shard's examples (a linear combination of means, a scaled
+  sum, a count of the shard's examples), or None for any other statistic
+  (a ratio of two means, a variance): that is the one inference left when
+  a readout is built once from the global batch."""
+  if is_count(tensor, analysis):
+    return SUM
+  op, status = tensor.op, analysis.status
+  if op.type in _KIND_OF_REDUCTION and status(op.inputs[0]) == ROWS:
+    return _KIND_OF_REDUCTION[op.type]
+  statistics = [t for t in op.inputs if status(t) == STATISTIC or
+                is_count(t, analysis)]
+  if op.type in _PASS_THROUGH and statistics:
+    kind = statistic_kind(statistics[0], analysis)
+    return {MAX: MIN, MIN: MAX}.get(kind, kind) if op.type == "Neg" else kind
+  if op.type in _LINEAR_SUMS and statistics:
+    return _sum_kind([statistic_kind(t, analysis) for t in statistics],
+                     constants=len(statistics) < len(op.inputs))
+  if op.type in _SCALES and len(statistics) == 1 and (
+      op.type == "Mul" or statistics[0] is op.inputs[0]):
+    kind = statistic_kind(statistics[0], analysis)
+    return kind if kind in (MEAN, SUM) else None
+  return None
+
+
+def _sum_kind(kinds: list, constants: bool) -> Optional[str]:
+  """A sum of means is a mean; of sums a sum (not plus a constant, which
+  each tower would add once)."""
+  kind = kinds[0] if len(set(kinds)) == 1 else None
+  if kind in (MAX, MIN) or (kind == SUM and constants):
+    return None
+  return kind
+
+
+def is_count(tensor: tf.Tensor, analysis: ShardAnalysis) -> bool:
+  """A count of the shard's examples: `tf.size` of a per-example tensor or
+  the first entry of its `tf.shape` (cast or not)."""
+  tensor = strip_pass_through(tensor)
+  op = tensor.op
+  if op.type == "Size":
+    return analysis.status(op.inputs[0]) == ROWS
+  if op.type != "StridedSlice" or op.inputs[0].op.type != "Shape":
+    return False
+  begin = tf.get_static_value(op.inputs[1])
+  return (begin is not None and list(begin) == [0] and
+          op.get_attr("shrink_axis_mask") == 1 and
+          analysis.status(op.inputs[0].op.inputs[0]) == ROWS and
+          tensor.shape.rank == 0)

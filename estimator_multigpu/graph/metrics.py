@@ -1,34 +1,32 @@
 """EVAL metrics over the towers: one device's value on the global batch.
 
-Every tower builds its own metric ops on shared state variables (`sharing`),
-so each tower's update adds into one state. From the graph's structure each
-metric is made one device's:
+A metric made through an API `global_calls` wraps (`tf.compat.v1.metrics`,
+Keras metrics, tf-slim, TF-Ranking, a TPUEstimatorSpec's `eval_metrics`) is
+built once, in tower 0, from the global batch: its update op is the one to
+run, and nothing here is inferred. What is left is metric code that builds
+its own variables and assignments outside those APIs; its kind is inferred
+from the graph's structure, as a last resort and with a WARNING naming the
+metric (once per model_fn and mode):
 
-- *Per-example inputs* (accuracy, AUC, `metrics.mean(per_example_loss)`):
-  the update adds sums over the shard's examples (totals, counts, confusion
-  counts); the towers' sums add up to the global batch's. Nothing to do.
-- *Batch-level inputs* (`metrics.mean(loss)`, `metrics.mean(
-  tf.reduce_mean(err), weights=w)`, `mean_tensor` of batch means, a Keras
-  `Mean` fed a scalar): each update adds one value per call, which on one
-  device is the mean over the global batch. Tower i's additions to the state
-  are weighted by its share of the batch, wᵢ = nᵢ / n, so the towers add
-  Σ wᵢ·mᵢ = the global batch's mean, with the weight of one call (Σ wᵢ = 1).
-  An empty shard adds exactly 0 (no NaN).
-- *Updates that read their own state* (tf-slim `streaming_covariance`,
-  `streaming_pearson_correlation`: running means merged Welford/Chan style):
-  the towers' updates run one after another, in tower order, each merging
-  its shard into the state the previous tower left; that merge is exact for
-  any split of the batch.
+- *Per-example inputs* (a hand-made total and count of the shard's
+  examples): the update adds sums over the shard's examples; the towers'
+  sums add up to the global batch's. Nothing to do.
+- *Batch-level inputs* (one value per call, a mean over the batch on one
+  device): tower i's additions to the state are weighted by its share of
+  the batch, wᵢ = nᵢ / n, so the towers add Σ wᵢ·mᵢ with the weight of one
+  call (Σ wᵢ = 1). An empty shard adds exactly 0 (no NaN).
+- *Updates that read their own state* (running means merged Welford/Chan
+  style): the towers' updates run one after another, in tower order, each
+  merging its shard into the state the previous tower left.
 - *Coupled inputs* (a per-example value computed from a statistic of the
-  batch, such as TF-Ranking's default weight of a list with no relevant item,
-  the batch's average list weight): each tower computes the statistic over
-  its shard, which cannot be undone afterwards; a WARNING names the metric,
-  the op and the fix.
+  shard): each tower computes that over its own shard, which cannot be
+  undone afterwards; a WARNING names the metric, the op and the fix.
 
 How each kind is found: a metric's state variables are those its update op
-assigns; a delta (the value an assignment adds) is batch-level when what it
-sums holds no per-example dimension (`dataflow.ShardAnalysis`), and an
-update reads its state when a delta is computed from a state variable.
+assigns (the assignments a wrapped API built are not counted); a delta (the
+value an assignment adds) is batch-level when what it sums holds no
+per-example dimension (`dataflow.ShardAnalysis`), and an update reads its
+state when a delta is computed from a state variable.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import notices
 
 tf1 = tf.compat.v1
 
@@ -65,11 +64,11 @@ _KINDS = {dataflow.ROWS: "rows", dataflow.STATISTIC: "batch",
 class MetricUpdate:
   """One tower's update op of one metric, and the state it assigns."""
 
-  def __init__(self, update):
+  def __init__(self, update, built: frozenset = frozenset()):
     self.op = update if isinstance(update, tf.Operation) else update.op
     ancestors = _all_ancestors([self.op])
     self.assigns = [op for op in ancestors if op.type in _ASSIGNS and
-                    op.inputs[0].op.type in _STATE_OPS]
+                    op.inputs[0].op.type in _STATE_OPS and op not in built]
     self.state = {op.inputs[0].op for op in self.assigns}
     self.ancestors = ancestors
 
@@ -138,23 +137,41 @@ def _sums_examples(tensor: tf.Tensor, analysis) -> bool:
 
 
 def merge_eval_metric_ops(towers: list, shares: Optional[list] = None,
-                          analyses: Optional[list] = None) -> dict:
+                          analyses: Optional[list] = None,
+                          built: frozenset = frozenset()) -> dict:
   """Tower 0's metric values, with every tower's update (see module doc).
 
   Args:
     towers: the towers (their specs hold `eval_metric_ops`).
     shares: each tower's share of the global batch, nᵢ / n.
     analyses: each tower's `dataflow.ShardAnalysis`.
+    built: the ops wrapped APIs built once from the global batch.
   """
   first = towers[0].spec.eval_metric_ops or {}
   _check_same_metrics(towers, first)
   merged = {}
   for name, (value, _) in first.items():
-    updates = [t.spec.eval_metric_ops[name][1] for t in towers]
-    if shares and analyses and len(towers) > 1:
-      _make_exact(name, [MetricUpdate(u) for u in updates], shares, analyses)
-    merged[name] = (value, tf.group(*updates, name=op_name("update", name)))
+    updates = [MetricUpdate(t.spec.eval_metric_ops[name][1], built)
+               for t in towers]
+    if shares and analyses and len(towers) > 1 and any(
+        u.assigns for u in updates):
+      _warn_inferred(name, updates[0])
+      _make_exact(name, updates, shares, analyses)
+    merged[name] = (value, tf.group(*{u.op: None for u in updates},
+                                    name=op_name("update", name)))
   return merged
+
+
+def _warn_inferred(name: str, update: MetricUpdate) -> None:
+  state = sorted(op.name for op in update.state)[:3]
+  notices.warning(
+      ("inferred metric", name),
+      "eval metric %r updates its own state (%s) outside the metric APIs "
+      "multi_gpu builds once from the global batch, so how its towers' "
+      "updates combine is inferred from its ops. Build it with "
+      "tf.compat.v1.metrics, a Keras metric or a TPUEstimatorSpec's "
+      "eval_metrics=(metric_fn, tensors) to make it exact by construction, "
+      "or check it with emg.check_towers.", name, ", ".join(state))
 
 
 def _check_same_metrics(towers: list, first: dict) -> None:
@@ -211,7 +228,8 @@ def _coupling(update: MetricUpdate, analysis) -> Optional[dataflow.Coupling]:
 
 
 def _warn(name: str, problem: str, fix: str) -> None:
-  logging.warning("eval metric %r is not one device's over the towers: %s. "
+  notices.warning(("metric", name, problem),
+                  "eval metric %r is not one device's over the towers: %s. "
                   "Fix: %s.", name, problem, fix)
 
 

@@ -29,13 +29,11 @@ from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import notices
 from estimator_multigpu.graph import state_updates
 
 tf1 = tf.compat.v1
 
-_PASS = frozenset({"Identity", "Cast", "Neg"})
-_SUMS = frozenset({"Add", "AddV2", "Sub", "AddN"})
-_SCALES = frozenset({"Mul", "RealDiv", "DivNoNan", "Div"})
 
 
 class OpRanges:
@@ -127,29 +125,11 @@ class Readouts:
         tower0.collections.get(tf1.GraphKeys.LOSSES, []))
     if any(tensor is loss for loss in losses if loss is not None):
       return [t.loss_weight for t in self._towers]
-    kind = self._kind(tensor)
-    if kind == "mean":
+    kind = dataflow.statistic_kind(tensor, self._analysis)
+    if kind == dataflow.MEAN:
       return self._shares
-    if kind == "sum":
+    if kind == dataflow.SUM:
       return [_nonzero(share) for share in self._shares]
-    return None
-
-  def _kind(self, tensor: tf.Tensor) -> Optional[str]:
-    """"mean" or "sum" of the shard's examples (linear in them), or None."""
-    op, status = tensor.op, self._analysis.status
-    if op.type in ("Mean", "Sum") and status(op.inputs[0]) == dataflow.ROWS:
-      return "mean" if op.type == "Mean" else "sum"
-    statistics = [t for t in op.inputs if status(t) == dataflow.STATISTIC]
-    if op.type in _PASS and statistics:
-      return self._kind(statistics[0])
-    if op.type in _SUMS and statistics:
-      kinds = {self._kind(t) for t in statistics}
-      constants = len(statistics) < len(op.inputs)
-      kind = kinds.pop() if len(kinds) == 1 else None
-      return None if (kind == "sum" and constants) else kind
-    if op.type in _SCALES and len(statistics) == 1 and (
-        op.type == "Mul" or statistics[0] is op.inputs[0]):
-      return self._kind(statistics[0])
     return None
 
 
@@ -159,17 +139,25 @@ def _nonzero(share) -> Any:
   return tf.cast(share > 0, tf.float32)
 
 
-def combine_summaries(readouts: Readouts, tower0) -> None:
-  """Tower 0's scalar summaries show the global batch's value."""
+def combine_summaries(readouts: Readouts, tower0,
+                      built: frozenset = frozenset()) -> None:
+  """Tower 0's scalar summaries made without the summary APIs (a raw
+  `ScalarSummary` op) show the global batch's value, by inference."""
   for summary in tower0.collections.get(tf1.GraphKeys.SUMMARIES, []):
     op = getattr(summary, "op", summary)
-    if op.type != "ScalarSummary":
+    if op.type != "ScalarSummary" or op in built:
       continue
     tag = tf.get_static_value(op.inputs[0])
     tag = tag.item() if hasattr(tag, "item") else tag
     tag = tag.decode() if isinstance(tag, bytes) else tag
     value = readouts.combined(op.inputs[1], f"summary {tag!r}")
     if value is not None:
+      notices.warning(("inferred summary", tag),
+                      "summary %r was not made through tf.summary / "
+                      "tf.compat.v1.summary, so its value over the towers is "
+                      "inferred from its ops (%s); make it with "
+                      "tf.compat.v1.summary.scalar to build it once from the "
+                      "global batch.", tag, value.op.name)
       op._update_input(1, value)  # pylint: disable=protected-access
 
 
@@ -220,12 +208,13 @@ def _map_leaf(value, fn):
 
 
 def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
-            ranges: OpRanges) -> None:
-  """Tower 0's scalar summaries and hooks read the global batch's values."""
+            ranges: OpRanges, built: frozenset = frozenset()) -> None:
+  """Tower 0's scalar summaries and hooks read the global batch's values
+  (`built`: the ops summary APIs built once from the global batch)."""
   if len(towers) < 2:
     return
   readouts = Readouts(towers, shares, analysis, ranges)
-  combine_summaries(readouts, towers[0])
+  combine_summaries(readouts, towers[0], built)
   spec = towers[0].spec
   for hooks in (spec.training_hooks, spec.training_chief_hooks,
                 spec.evaluation_hooks):

@@ -12,6 +12,7 @@ Every mismatch is a `VariableMismatchError` naming the tower and the variable.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import tensorflow as tf
 
@@ -46,7 +47,8 @@ class VariableSharing:
 
     def record(next_creator, **kwargs):
       variable = next_creator(**kwargs)
-      self._tower0.append(variable)
+      if not getattr(_BUILT_ONCE, "active", False):
+        self._tower0.append(variable)
       return variable
 
     return tf1.variable_creator_scope(record)
@@ -102,6 +104,21 @@ class VariableSharing:
           "must build the same variables, in the same order, in every tower.")
     served.append(variable)
     return variable
+
+
+_BUILT_ONCE = threading.local()
+
+
+@contextlib.contextmanager
+def built_once():
+  """Inside: what tower 0 creates is its alone, towers 1.. build none of it
+  (a readout built once from the global batch, `global_calls`)."""
+  outer = getattr(_BUILT_ONCE, "active", False)
+  _BUILT_ONCE.active = True
+  try:
+    yield
+  finally:
+    _BUILT_ONCE.active = outer
 
 
 _METRIC_COLLECTIONS = (tf1.GraphKeys.METRIC_VARIABLES,

@@ -151,7 +151,8 @@ def merged_train_op(towers: list, apply_ops: list) -> tf.Operation:
 
 def merge_specs(towers: list, mode: str, train_op=None, *,
                 shares: Optional[list] = None,
-                analyses: Optional[list] = None) -> Any:
+                analyses: Optional[list] = None,
+                built: frozenset = frozenset()) -> Any:
   """The EstimatorSpec covering the whole global batch.
 
   Args:
@@ -160,6 +161,8 @@ def merge_specs(towers: list, mode: str, train_op=None, *,
     train_op: the merged train_op (TRAIN).
     shares: each tower's share of the global batch, nᵢ / n (EVAL metrics).
     analyses: each tower's `dataflow.ShardAnalysis` (EVAL metrics).
+    built: the ops readout APIs built once from the global batch
+      (`global_calls.Recorder.built_ops`).
   """
   first = towers[0].spec
   loss = combine_losses(towers) if first.loss is not None else None
@@ -177,5 +180,5 @@ def merge_specs(towers: list, mode: str, train_op=None, *,
         [t.spec.export_outputs for t in towers])
   if mode == ModeKeys.EVAL:
     kwargs["eval_metric_ops"] = metrics_lib.merge_eval_metric_ops(
-        towers, shares, analyses)
+        towers, shares, analyses, built)
   return tf.estimator.EstimatorSpec(**kwargs)

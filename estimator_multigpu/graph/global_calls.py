@@ -1,0 +1,269 @@
+"""Readouts built once from the global batch, at the API the user calls.
+
+Exact by construction (contract item 22). While the towers are built, the
+APIs through which a model_fn reads its batch are wrapped (`readout_apis`):
+metrics (`tf.compat.v1.metrics.*`, tf-slim's and TF-Ranking's metrics, a
+Keras `Metric.update_state`, a `TPUEstimatorSpec`'s `eval_metrics` and
+`host_call`) and summaries (`tf.compat.v1.summary.*`, TF2 `tf.summary.*`).
+
+- Tower 0's call runs the real API once, on *stubs*: an identity in place
+  of each tensor argument computed from the shard, with its batch dimension
+  left unknown.
+- Towers 1.. do not call it: they get tower 0's result (a Keras metric
+  also builds its own update, never run, for the variables it makes
+  lazily), and their arguments are recorded, call by call.
+- Once every tower is built, `Recorder.bind` feeds each stub the global
+  batch's value: per-example tensors (`dataflow.ROWS`) concatenated in tower
+  order, which is input order (SparseTensors too); a shard statistic
+  combined over the towers by what it is: the tower's loss or a `LOSSES` term
+  Σᵢ wᵢ·xᵢ with the towers' loss weights, a mean Σᵢ (nᵢ/n)·xᵢ, a sum or a
+  count of examples Σᵢ xᵢ, a max or a min over the towers
+  (`dataflow.statistic_kind`). A statistic of no such kind keeps tower 0's
+  value, with a WARNING naming the API and the fix.
+
+So the API sees exactly the tensors one device would, and its result is one
+device's whatever it computes from them; one update runs per step, so
+repeated evaluations agree. Calls made inside a `tf.cond` or `tf.while_loop`
+body, and calls nested in another wrapped call, run as written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import notices
+from estimator_multigpu.graph import sharing
+
+tf1 = tf.compat.v1
+
+_STATE = threading.local()
+
+
+@dataclasses.dataclass
+class Call:
+  """One wrapped API call in tower 0: its stubs and its result."""
+  api: str
+  stubs: dict  # argument position -> (stub tensors, kind).
+  result: Any
+
+
+class Recorder:
+  """The wrapped calls of one graph's towers (see the module doc).
+
+  Args:
+    analysis: tower 0's `dataflow.ShardAnalysis`.
+  """
+
+  def __init__(self, analysis: dataflow.ShardAnalysis):
+    self._analysis = analysis
+    self._calls: list = []  # tower 0's `Call`s, in call order.
+    self._arguments: dict = {}  # tower index -> [flat arguments per call].
+    self.built_ops: set = set()  # the ops tower 0's calls created.
+
+  @contextlib.contextmanager
+  def scope(self, tower):
+    """Inside: wrapped APIs called by the model_fn go through `call`."""
+    from estimator_multigpu.graph import readout_apis  # import cycle.
+    previous = getattr(_STATE, "current", None)
+    _STATE.current = (self, tower.index)
+    self._arguments[tower.index] = []
+    try:
+      with readout_apis.PATCH.scope():
+        yield
+    finally:
+      _STATE.current = previous
+
+  def call(self, api: str, fn: Callable, args: tuple, kwargs: dict,
+           index: int, build_in_peers: bool = False) -> Any:
+    """Tower `index`'s call of `fn` (see the module doc)."""
+    flat = tf.nest.flatten((args, kwargs))
+    self._arguments[index].append(flat)
+    if index == 0:
+      return self._call_tower0(api, fn, args, kwargs, flat, build_in_peers)
+    position = len(self._arguments[index]) - 1
+    first = self._first_call(api, position, index)
+    if not build_in_peers:
+      return first.result
+    _run_nested(fn, args, kwargs)
+    # Keras adds the graph's newest op as the metric's update: tower 0's.
+    return tf.group(first.result, name="global_batch_update")
+
+  def _call_tower0(self, api, fn, args, kwargs, flat,
+                   build_in_peers) -> Any:
+    stubs, fed = {}, list(flat)
+    for position, leaf in enumerate(flat):
+      kind = self._kind(leaf)
+      if kind is not None:
+        fed[position] = _stub(leaf, kind == dataflow.ROWS)
+        stubs[position] = (fed[position], kind)
+        for stub in _components(fed[position]):
+          self._analysis.mark_global(stub)
+    args, kwargs = tf.nest.pack_sequence_as((args, kwargs), fed)
+    graph = tf1.get_default_graph()
+    start = len(graph.get_operations())
+    with contextlib.ExitStack() as stack:
+      if not build_in_peers:
+        stack.enter_context(sharing.built_once())
+      result = _run_nested(fn, args, kwargs)
+    self.built_ops.update(graph.get_operations()[start:])
+    self._calls.append(Call(api, stubs, result))
+    return result
+
+  def _kind(self, leaf) -> Optional[str]:
+    """ROWS, STATISTIC, or None for an argument the shard does not make."""
+    tensors = _components(leaf)
+    if not tensors:
+      return None
+    if isinstance(leaf, tf.SparseTensor):
+      return dataflow.ROWS if any(
+          self._analysis.status(t) == dataflow.ROWS for t in tensors) else None
+    status = self._analysis.status(leaf)
+    if status == dataflow.STATISTIC and self._batch_shaped(leaf):
+      return dataflow.ROWS  # a batch-level value tiled to the shard.
+    if status in (dataflow.ROWS, dataflow.STATISTIC):
+      return status
+    return (dataflow.STATISTIC if dataflow.is_count(leaf, self._analysis)
+            else None)
+
+  def _batch_shaped(self, tensor: tf.Tensor) -> bool:
+    """Whether `tensor`'s first dimension is the shard's (unknown until the
+    graph runs, or its static size when above 1)."""
+    shape, size = tensor.shape, self._analysis.size
+    if not shape.rank:
+      return False
+    return shape[0] is None or (size is not None and size > 1 and
+                                shape[0] == size)
+
+  def _first_call(self, api: str, position: int, index: int) -> Call:
+    if position >= len(self._calls) or self._calls[position].api != api:
+      made = [c.api for c in self._calls]
+      raise ValueError(
+          f"Tower {index} called {api} as its readout call #{position + 1}, "
+          f"but tower 0's readout calls were {made}. Every tower must make "
+          "the same metric and summary calls, in the same order, "
+          "unconditionally (no `if` on the tower or its shard).")
+    return self._calls[position]
+
+  def bind(self, towers: list, shares: list) -> None:
+    """Feeds every stub the global batch's value (see the module doc)."""
+    if len(towers) < 2:
+      return
+    losses = _loss_terms(towers[0])
+    for position, call in enumerate(self._calls):
+      for argument, (stub, kind) in call.stubs.items():
+        pieces = [self._arguments[t.index][position][argument]
+                  for t in towers]
+        with tf.device(_device(stub)), tf.name_scope("global_batch"):
+          value = (_concat(pieces) if kind == dataflow.ROWS else
+                   self._combine(call.api, pieces, towers, shares, losses))
+        if value is not None:
+          _feed(stub, value)
+
+  def _combine(self, api, pieces, towers, shares, losses) -> Optional[Any]:
+    """The global batch's value of a statistic of the shards, or None."""
+    first = dataflow.strip_pass_through(pieces[0])
+    if any(first is dataflow.strip_pass_through(t) for t in losses):
+      return _weighted_sum(pieces, [t.loss_weight for t in towers])
+    kind = dataflow.statistic_kind(pieces[0], self._analysis)
+    if kind == dataflow.MEAN:
+      return _weighted_sum(pieces, shares)
+    if kind == dataflow.SUM:
+      return tf.math.add_n(pieces)
+    if kind in (dataflow.MAX, dataflow.MIN):
+      reduce = tf.reduce_max if kind == dataflow.MAX else tf.reduce_min
+      return reduce(tf.stack(pieces), axis=0)
+    notices.warning(
+        ("statistic", api, pieces[0].name),
+        "%s reads %s, a statistic of tower 0's shard that is not a mean, "
+        "sum, max, min or count of its examples (a %s), so `multi_gpu` "
+        "cannot combine it over the towers: it shows tower 0's shard. Fix: "
+        "pass per-example values (the API then sees the global batch), or "
+        "compute it over the global batch with emg.cross_tower_sum / "
+        "emg.global_ratio.", api, pieces[0].name, pieces[0].op.type)
+    return None
+
+
+def current() -> Optional[tuple]:
+  """(recorder, tower index) while a tower is built, else None."""
+  return getattr(_STATE, "current", None)
+
+
+def wrap(fn: Callable, api: str, build_in_peers: bool = False) -> Callable:
+  """`fn`, called once from the global batch inside the towers."""
+  def wrapped(*args, **kwargs):
+    state = current()
+    if (state is None or getattr(_STATE, "nested", False) or
+        tf1.get_default_graph().building_function):
+      return fn(*args, **kwargs)
+    recorder, index = state
+    return recorder.call(api, fn, args, kwargs, index, build_in_peers)
+  wrapped.__wrapped__ = fn
+  return wrapped
+
+
+def _run_nested(fn: Callable, args: tuple, kwargs: dict) -> Any:
+  """Calls `fn` with wrapped APIs it calls in turn running as written."""
+  outer = getattr(_STATE, "nested", False)
+  _STATE.nested = True
+  try:
+    return fn(*args, **kwargs)
+  finally:
+    _STATE.nested = outer
+
+
+def _components(leaf) -> list:
+  if isinstance(leaf, tf.SparseTensor):
+    return [leaf.indices, leaf.values, leaf.dense_shape]
+  return [leaf] if isinstance(leaf, tf.Tensor) else []
+
+
+def _stub(leaf, rows: bool):
+  """A stand-in for `leaf` whose input `bind` replaces; a per-example
+  tensor's leading dimension is left unknown."""
+  if isinstance(leaf, tf.SparseTensor):
+    return tf.SparseTensor(_placeholder(leaf.indices, True),
+                           _placeholder(leaf.values, True),
+                           _placeholder(leaf.dense_shape, False))
+  return _placeholder(leaf, rows)
+
+
+def _placeholder(tensor: tf.Tensor, rows: bool) -> tf.Tensor:
+  """An identity whose input `_feed` replaces; its input's shape (the one
+  a new input must agree with) has an unknown first dimension for `rows`."""
+  shape = tensor.shape
+  if rows and shape.rank:
+    shape = tf.TensorShape([None]).concatenate(shape[1:])
+  return tf.identity(tf1.placeholder_with_default(tensor, shape),
+                     name="global_batch_stub")
+
+
+def _feed(stub, value) -> None:
+  for placeholder, tensor in zip(_components(stub), _components(value)):
+    placeholder.op._update_input(0, tf.cast(tensor, placeholder.dtype))  # pylint: disable=protected-access
+
+
+def _device(stub) -> str:
+  return _components(stub)[0].device
+
+
+def _concat(pieces: list):
+  if isinstance(pieces[0], tf.SparseTensor):
+    return tf.sparse.concat(0, pieces, expand_nonconcat_dims=True)
+  return tf.concat(pieces, axis=0)
+
+
+def _weighted_sum(pieces: list, weights: list) -> tf.Tensor:
+  return tf.math.add_n([tf.math.multiply_no_nan(p, tf.cast(w, p.dtype))
+                        for p, w in zip(pieces, weights)])
+
+
+def _loss_terms(tower0) -> list:
+  terms = [tower0.spec.loss] + list(
+      tower0.collections.get(tf1.GraphKeys.LOSSES, []))
+  return [t for t in terms if isinstance(t, tf.Tensor)]

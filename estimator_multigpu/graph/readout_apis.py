@@ -1,0 +1,105 @@
+"""The readout APIs `global_calls` builds once from the global batch.
+
+Metrics: every public function of `tf.compat.v1.metrics` (and the modules
+it is defined in), of tf-slim's `metrics` and of TF-Ranking's `metrics`
+(when imported) whose first parameter is `labels`, `predictions` or
+`values`; and a Keras metric's `update_state` (through Keras's own
+`update_state_wrapper`, so every metric class built while towers are built).
+Summaries: `tf.compat.v1.summary` and TF2 `tf.summary` scalar, histogram,
+image, audio, text (and v1 `tensor_summary`). `PATCH` puts the wrapped
+functions in place while a tower is built and takes them out after.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+
+import tensorflow as tf
+
+from estimator_multigpu import compat
+from estimator_multigpu.cross_tower import patching
+from estimator_multigpu.graph import global_calls
+
+tf1 = tf.compat.v1
+
+_METRIC_MODULES = ("tensorflow.python.ops.metrics_impl",
+                   "tensorflow.python.ops.metrics")
+_OPTIONAL_METRIC_MODULES = ("tf_slim.metrics", "tf_slim.metrics.metric_ops",
+                            "tensorflow_ranking.python.metrics")
+_METRIC_FIRST_ARGUMENTS = ("labels", "predictions", "values")
+_V1_SUMMARIES = ("scalar", "histogram", "image", "audio", "text",
+                 "tensor_summary")
+_V2_SUMMARIES = ("scalar", "histogram", "image", "audio", "text")
+
+_ORIGINALS: list = []  # (module, name, original function) while installed.
+
+
+def _metric_modules() -> list:
+  modules = [tf1.metrics] + [importlib.import_module(m)
+                             for m in _METRIC_MODULES]
+  return modules + [sys.modules[m] for m in _OPTIONAL_METRIC_MODULES
+                    if m in sys.modules]
+
+
+def _is_metric(fn) -> bool:
+  if not inspect.isfunction(fn) or fn.__name__.startswith("_"):
+    return False
+  try:
+    parameters = list(inspect.signature(fn).parameters)
+  except (TypeError, ValueError):
+    return False
+  return bool(parameters) and parameters[0] in _METRIC_FIRST_ARGUMENTS
+
+
+def _targets() -> list:
+  """(module, attribute name, api name) of every function to wrap."""
+  targets = []
+  for module in _metric_modules():
+    for name, fn in vars(module).items():
+      if _is_metric(fn):
+        targets.append((module, name, f"{_short(module)}.{name}"))
+  summary_v1 = importlib.import_module("tensorflow.python.summary.summary")
+  for module in (tf1.summary, summary_v1):
+    targets += [(module, name, f"tf.compat.v1.summary.{name}")
+                for name in _V1_SUMMARIES if hasattr(module, name)]
+  targets += [(tf.summary, name, f"tf.summary.{name}")
+              for name in _V2_SUMMARIES if hasattr(tf.summary, name)]
+  return targets
+
+
+def _short(module) -> str:
+  name = module.__name__
+  if "tf_slim" in name:
+    return "tf_slim.metrics"
+  if "ranking" in name:
+    return "tfr.metrics"
+  return "tf.compat.v1.metrics"
+
+
+def _install() -> None:
+  for module, name, api in _targets():
+    original = vars(module)[name]
+    _ORIGINALS.append((module, name, original))
+    setattr(module, name, global_calls.wrap(original, api))
+  metrics_utils = compat.internal("keras_metrics_utils")
+  original = metrics_utils.update_state_wrapper
+  _ORIGINALS.append((metrics_utils, "update_state_wrapper", original))
+  metrics_utils.update_state_wrapper = lambda update_state_fn: original(
+      global_calls.wrap(update_state_fn, _keras_api(update_state_fn),
+                        build_in_peers=True))
+
+
+def _keras_api(update_state_fn) -> str:
+  owner = getattr(update_state_fn, "__self__", None)
+  return f"Keras {type(owner).__name__}.update_state"
+
+
+def _uninstall() -> None:
+  while _ORIGINALS:
+    module, name, original = _ORIGINALS.pop()
+    setattr(module, name, original)
+
+
+PATCH = patching.Patch(_install, _uninstall)

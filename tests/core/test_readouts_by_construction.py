@@ -1,0 +1,257 @@
+"""Metrics and summaries built once from the global batch (issue 39).
+
+Each metric API a model_fn calls — `tf.compat.v1.metrics.*`, a Keras
+`Metric.update_state`, tf-slim's `metrics.*`, a `TPUEstimatorSpec`'s
+`eval_metrics` — is built once, in tower 0, from the towers' inputs joined
+into the global batch's; so any metric, whatever ops it uses, is one
+device's. Summaries likewise. Each case runs 13 examples in batches of 5, 5,
+2 and 1 (the last is smaller than 2 and 3 towers: empty shards) through a
+plain session, unwrapped and on 2 and 3 towers, and compares to one device
+(1e-5); the one-device values are checked against numpy where the formula is
+short.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_slim
+
+import estimator_multigpu as emg
+import harness
+
+tf1 = tf.compat.v1
+EVAL, TRAIN = tf.estimator.ModeKeys.EVAL, tf.estimator.ModeKeys.TRAIN
+RNG = np.random.RandomState(7)
+N = 13
+X = RNG.randn(N, 2).astype(np.float32)
+Y = RNG.randn(N).astype(np.float32)
+C = RNG.randint(0, 3, N).astype(np.int64)       # class labels, 3 classes.
+WT = RNG.rand(N).astype(np.float32)
+W0 = np.array([[0.5, -1.0, 0.3], [0.2, 0.4, -0.7]], np.float32)
+BATCHES = [slice(0, 5), slice(5, 10), slice(10, 12), slice(12, 13)]
+LOGITS = X @ W0
+PRED = LOGITS.argmax(1)
+
+
+def _logits(features):
+  w = tf1.get_variable("w", initializer=W0)
+  return tf.matmul(features["x"], w)
+
+
+def metrics_model_fn(features, labels, mode):
+  """Metrics in several spellings: v1, Keras objects, tf-slim, raw shapes."""
+  logits = _logits(features)
+  classes = tf.argmax(logits, 1)
+  probs = tf.nn.softmax(logits)
+  onehot = tf.one_hot(labels, 3)
+  per_example = tf1.losses.softmax_cross_entropy(
+      onehot, logits, reduction=tf1.losses.Reduction.NONE)
+  loss = tf.reduce_mean(per_example)
+  keras_auc = tf.keras.metrics.AUC(num_thresholds=50)
+  keras_auc.update_state(onehot, probs)
+  keras_loss = tf.keras.metrics.Mean(name="keras_loss")
+  keras_loss.update_state(loss)
+  keras_acc = tf.keras.metrics.SparseCategoricalAccuracy()
+  keras_acc.update_state(labels, probs, sample_weight=features["wt"])
+  batch = tf.shape(features["x"])[0]
+  metrics = {
+      "mean_iou": tf1.metrics.mean_iou(labels, classes, 3),
+      "per_class": tf1.metrics.mean_per_class_accuracy(labels, classes, 3),
+      "auc": tf1.metrics.auc(onehot, probs),
+      "precision_at_2": tf1.metrics.precision_at_k(labels, logits, 2),
+      "accuracy_weighted": tf1.metrics.accuracy(labels, classes,
+                                                weights=features["wt"]),
+      "keras_auc": keras_auc,
+      "keras_loss": keras_loss,
+      "keras_acc": keras_acc,
+      "slim_mean_iou": tf_slim.metrics.streaming_mean_iou(classes, labels, 3),
+      "slim_pearson": tf_slim.metrics.streaming_pearson_correlation(
+          logits[:, 0], tf.cast(labels, tf.float32)),
+      "loss": tf1.metrics.mean(loss),
+      "loss_as_1": tf1.metrics.mean(tf.reshape(loss, [1])),
+      "loss_tiled": tf1.metrics.mean(tf.fill([batch], loss)),
+      "constant": tf1.metrics.mean(tf.constant(3.0)),
+      "batch_size": tf1.metrics.mean(batch),
+      "batch_size_float": tf1.metrics.mean(tf.cast(batch, tf.float32)),
+      "max_loss": tf1.metrics.mean(tf.reduce_max(per_example)),
+  }
+  return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops=metrics)
+
+
+def evaluate(model_fn, num_towers, batches=BATCHES, runs=1):
+  """{metric: [value per run]}, each run from fresh metric state."""
+  config = emg.make_session_config(num_cpus=4)
+  with tf.Graph().as_default():
+    x = tf1.placeholder(tf.float32, [None, 2])
+    c = tf1.placeholder(tf.int64, [None])
+    wt = tf1.placeholder(tf.float32, [None])
+    fn = model_fn if num_towers is None else emg.multi_gpu(
+        model_fn, devices=harness.cpu_devices(num_towers))
+    spec = harness.call(fn, {"x": x, "wt": wt}, c, EVAL, config)
+    if hasattr(spec, "as_estimator_spec"):  # one device, a TPU spec.
+      spec = spec.as_estimator_spec()
+    updates = [u for _, u in spec.eval_metric_ops.values()]
+    values = {k: v for k, (v, _) in spec.eval_metric_ops.items()}
+    results = {k: [] for k in values}
+    with tf1.Session(config=config) as session:
+      session.run(tf1.global_variables_initializer())
+      for _ in range(runs):
+        session.run(tf1.local_variables_initializer())
+        for rows in batches:
+          session.run(updates, {x: X[rows], c: C[rows], wt: WT[rows]})
+        for key, value in session.run(values).items():
+          results[key].append(value)
+  return results
+
+
+@pytest.fixture(scope="module")
+def one_device():
+  return {k: v[0] for k, v in evaluate(metrics_model_fn, None).items()}
+
+
+def _numpy_mean_iou(labels, pred, k=3):
+  ious = []
+  for c in range(k):
+    inter = np.sum((labels == c) & (pred == c))
+    union = np.sum((labels == c) | (pred == c))
+    if union:
+      ious.append(inter / union)
+  return np.mean(ious)
+
+
+def test_one_device_is_numpy(one_device):
+  loss_per_batch = []
+  for rows in BATCHES:
+    z = LOGITS[rows] - LOGITS[rows].max(1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+    loss_per_batch.append(-logp[np.arange(len(z)), C[rows]].mean())
+  np.testing.assert_allclose(one_device["mean_iou"],
+                             _numpy_mean_iou(C, PRED), rtol=1e-5)
+  np.testing.assert_allclose(
+      one_device["accuracy_weighted"],
+      np.sum(WT * (PRED == C)) / WT.sum(), rtol=1e-5)
+  for key in ("loss", "loss_as_1", "keras_loss"):
+    np.testing.assert_allclose(one_device[key], np.mean(loss_per_batch),
+                               rtol=1e-5, err_msg=key)
+  # tiled: each batch's loss once per example, so weighted by batch sizes.
+  sizes = [r.stop - r.start for r in BATCHES]
+  np.testing.assert_allclose(one_device["loss_tiled"],
+                             np.average(loss_per_batch, weights=sizes),
+                             rtol=1e-5)
+  assert one_device["constant"] == 3.0
+  np.testing.assert_allclose(one_device["batch_size"], np.mean(sizes))
+
+
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_every_metric_is_one_devices(num_towers, one_device):
+  towers = evaluate(metrics_model_fn, num_towers)
+  for key, expected in one_device.items():
+    np.testing.assert_allclose(towers[key][0], expected, rtol=1e-5,
+                               atol=1e-6, err_msg=key)
+
+
+def test_repeated_evaluations_give_the_same_value(one_device):
+  """The same data 30 times: the same value every time (no race)."""
+  towers = evaluate(metrics_model_fn, 2, runs=30)
+  for key in ("constant", "loss", "batch_size", "mean_iou"):
+    np.testing.assert_allclose(towers[key], [one_device[key]] * 30,
+                               rtol=1e-5, err_msg=key)
+
+
+# ------------------------------------------------ TPUEstimatorSpec
+def tpu_model_fn(features, labels, mode, params):
+  """A TPU-style model_fn: `eval_metrics=(metric_fn, tensors)`, and a
+  `host_call` summary of the loss as a [1] tensor (how TPU code passes it)."""
+  del params
+  logits = _logits(features)
+  loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+
+  def metric_fn(labels, logits, loss_1):
+    # Its own state variables and assignments: built once on the global
+    # batch, it needs no inference.
+    total = tf1.get_local_variable("hits", [], tf.float32,
+                                   initializer=tf1.zeros_initializer())
+    hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), labels),
+                                 tf.float32))
+    return {"iou": tf1.metrics.mean_iou(labels, tf.argmax(logits, 1), 3),
+            "loss": tf1.metrics.mean(loss_1),
+            "hits": (tf.identity(total), tf1.assign_add(total, hits))}
+
+  from tensorflow_estimator.python.estimator.tpu import tpu_estimator
+  return tpu_estimator.TPUEstimatorSpec(
+      mode, loss=loss, eval_metrics=(metric_fn, {
+          "labels": labels, "logits": logits,
+          "loss_1": tf.reshape(loss, [1])}))
+
+
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_tpu_eval_metrics_called_once_on_the_global_batch(num_towers):
+  want = {k: v[0] for k, v in evaluate(tpu_model_fn, None).items()}
+  np.testing.assert_allclose(want["hits"], np.sum(PRED == C))
+  np.testing.assert_allclose(want["iou"], _numpy_mean_iou(C, PRED),
+                             rtol=1e-5)
+  got = evaluate(tpu_model_fn, num_towers)
+  for key, expected in want.items():
+    np.testing.assert_allclose(got[key][0], expected, rtol=1e-5, err_msg=key)
+
+
+# ------------------------------------------------ summaries
+def summary_model_fn(features, labels, mode):
+  """Summaries of the loss and of shard statistics, v1 and TF2."""
+  logits = _logits(features)
+  per_example = tf1.losses.sparse_softmax_cross_entropy(
+      labels, logits, reduction=tf1.losses.Reduction.NONE)
+  loss = tf.reduce_mean(per_example)
+  tf1.summary.scalar("loss", loss)
+  tf1.summary.scalar("loss_1", tf.reshape(loss, []))
+  tf1.summary.scalar("err_sum", tf.reduce_sum(per_example))
+  tf1.summary.scalar("err_max", tf.reduce_max(per_example))
+  tf1.summary.scalar("err_min", tf.math.reduce_min(per_example))
+  tf1.summary.scalar("batch", tf.cast(tf.shape(logits)[0], tf.float32))
+  tf1.summary.scalar("mean_of_means", 0.5 * (tf.reduce_mean(logits[:, 0]) +
+                                             tf.reduce_mean(logits[:, 1])))
+  tf1.summary.histogram("per_example", per_example)
+  opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
+  return tf.estimator.EstimatorSpec(
+      mode, loss=loss,
+      train_op=opt.minimize(loss, tf1.train.get_global_step()))
+
+
+def _summaries(num_towers, mode, rows):
+  config = emg.make_session_config(num_cpus=4)
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    x = tf1.placeholder(tf.float32, [None, 2])
+    c = tf1.placeholder(tf.int64, [None])
+    fn = summary_model_fn if num_towers is None else emg.multi_gpu(
+        summary_model_fn, devices=harness.cpu_devices(num_towers))
+    harness.call(fn, {"x": x}, c, mode, config)
+    with tf1.Session(config=config) as session:
+      session.run(tf1.global_variables_initializer())
+      proto = tf1.Summary.FromString(session.run(
+          tf1.summary.merge_all(), {x: X[rows], c: C[rows]}))
+  read = {}
+  for value in proto.value:
+    read[value.tag] = (value.simple_value if value.HasField("simple_value")
+                       else (value.histo.num, value.histo.sum))
+  return read
+
+
+@pytest.mark.parametrize("mode", [TRAIN, EVAL])
+@pytest.mark.parametrize("num_towers,rows", [(2, slice(0, 5)),
+                                             (3, slice(0, 5)),
+                                             (3, slice(5, 7))])
+def test_summaries_read_the_global_batch(mode, num_towers, rows):
+  z = LOGITS[rows] - LOGITS[rows].max(1, keepdims=True)
+  logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+  per_example = -logp[np.arange(len(z)), C[rows]]
+  want = {"loss": per_example.mean(), "loss_1": per_example.mean(),
+          "err_sum": per_example.sum(), "err_max": per_example.max(),
+          "err_min": per_example.min(), "batch": len(per_example),
+          "mean_of_means": LOGITS[rows][:, :2].mean(),
+          "per_example": (len(per_example), per_example.sum())}
+  one = _summaries(None, mode, rows)
+  got = _summaries(num_towers, mode, rows)
+  for tag, expected in want.items():
+    np.testing.assert_allclose(one[tag], expected, rtol=1e-5, err_msg=tag)
+    np.testing.assert_allclose(got[tag], expected, rtol=1e-5, err_msg=tag)
