@@ -197,7 +197,8 @@ def static_size(leaves: list) -> Optional[int]:
 
 
 # ------------------------------------------------ the kind of a statistic
-MEAN, SUM, MAX, MIN = "mean", "sum", "max", "min"
+MEAN, SUM, MAX, MIN, RATIO = "mean", "sum", "max", "min", "ratio"
+_DIVISIONS = frozenset({"RealDiv", "DivNoNan", "Div"})
 _PASS_THROUGH = frozenset({"Identity", "Cast", "Neg", "Reshape", "Squeeze",
                            "ExpandDims", "PlaceholderWithDefault"})
 _LINEAR_SUMS = frozenset({"Add", "AddV2", "Sub", "AddN"})
@@ -216,11 +217,14 @@ def statistic_kind(tensor: tf.Tensor,
                    analysis: ShardAnalysis) -> Optional[str]:
   """How a shard statistic combines over the towers: `MEAN`, `SUM`, `MAX`,
   `MIN` of the shard's examples (a linear combination of means, a scaled
-  sum, a count of the shard's examples), or None for any other statistic
+  sum, a count of the shard's examples), `RATIO` (a sum over a sum or a
+  count: a weighted mean, `ratio_parts`), or None for any other statistic
   (a ratio of two means, a variance): that is the one inference left when
   a readout is built once from the global batch."""
   if is_count(tensor, analysis):
     return SUM
+  if ratio_parts(tensor, analysis) is not None:
+    return RATIO
   op, status = tensor.op, analysis.status
   if op.type in _KIND_OF_REDUCTION and status(op.inputs[0]) == ROWS:
     return _KIND_OF_REDUCTION[op.type]
@@ -236,6 +240,20 @@ def statistic_kind(tensor: tf.Tensor,
       op.type == "Mul" or statistics[0] is op.inputs[0]):
     kind = statistic_kind(statistics[0], analysis)
     return kind if kind in (MEAN, SUM) else None
+  return None
+
+
+def ratio_parts(tensor: tf.Tensor, analysis: ShardAnalysis
+                ) -> Optional[tuple]:
+  """(numerator, denominator) of a sum over the shard divided by a sum or
+  count over it (Σ w·x / Σ w, Σ x / n), else None; over the towers it is
+  Σᵢ numeratorᵢ / Σᵢ denominatorᵢ."""
+  op = strip_pass_through(tensor).op
+  if op.type not in _DIVISIONS:
+    return None
+  parts = tuple(op.inputs[:2])
+  if all(statistic_kind(t, analysis) == SUM for t in parts):
+    return parts
   return None
 
 

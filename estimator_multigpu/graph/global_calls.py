@@ -124,21 +124,26 @@ class Recorder:
       return dataflow.ROWS if any(
           self._analysis.status(t) == dataflow.ROWS for t in tensors) else None
     status = self._analysis.status(leaf)
-    if status == dataflow.STATISTIC and self._batch_shaped(leaf):
-      return dataflow.ROWS  # a batch-level value tiled to the shard.
+    if status != dataflow.ROWS and self._batch_shaped(leaf):
+      # A batch-level value tiled to the shard, weights of ones shaped
+      # like it: one row per example all the same.
+      return dataflow.ROWS
     if status in (dataflow.ROWS, dataflow.STATISTIC):
       return status
     return (dataflow.STATISTIC if dataflow.is_count(leaf, self._analysis)
             else None)
 
   def _batch_shaped(self, tensor: tf.Tensor) -> bool:
-    """Whether `tensor`'s first dimension is the shard's (unknown until the
-    graph runs, or its static size when above 1)."""
+    """Whether `tensor`'s first dimension is the shard's: its static size
+    when above 1, or unknown until the graph runs in a tensor made from the
+    shard (through its shape, say)."""
     shape, size = tensor.shape, self._analysis.size
-    if not shape.rank:
+    if not shape.rank or self._analysis.status(tensor) == dataflow.GLOBAL:
       return False
-    return shape[0] is None or (size is not None and size > 1 and
-                                shape[0] == size)
+    if shape[0] is not None:
+      return size is not None and size > 1 and shape[0] == size
+    return any(self._analysis.status(t) == dataflow.ROWS
+               for op in dataflow.data_ancestors([tensor]) for t in op.outputs)
 
   def _first_call(self, api: str, position: int, index: int) -> Call:
     if position >= len(self._calls) or self._calls[position].api != api:
@@ -175,6 +180,12 @@ class Recorder:
       return _weighted_sum(pieces, shares)
     if kind == dataflow.SUM:
       return tf.math.add_n(pieces)
+    if kind == dataflow.RATIO:
+      parts = [dataflow.strip_pass_through(p).op.inputs[:2] for p in pieces]
+      numerator, denominator = (tf.math.add_n([tf.cast(p[i], tf.float32)
+                                               for p in parts])
+                                for i in (0, 1))
+      return tf.math.divide_no_nan(numerator, denominator)
     if kind in (dataflow.MAX, dataflow.MIN):
       reduce = tf.reduce_max if kind == dataflow.MAX else tf.reduce_min
       return reduce(tf.stack(pieces), axis=0)

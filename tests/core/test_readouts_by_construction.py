@@ -255,3 +255,151 @@ def test_summaries_read_the_global_batch(mode, num_towers, rows):
   for tag, expected in want.items():
     np.testing.assert_allclose(one[tag], expected, rtol=1e-5, err_msg=tag)
     np.testing.assert_allclose(got[tag], expected, rtol=1e-5, err_msg=tag)
+
+
+# ------------------------------------------------ TF2 summaries, host_call
+def _written(graph_ops, tag):
+  """The tensors TF2 summary ops named `tag` write."""
+  def name(op):
+    return tf.get_static_value(op.inputs[3]).item().decode()
+  return [op.inputs[2] for op in graph_ops
+          if op.type == "WriteSummary" and tag in name(op)]
+
+
+def tf2_summary_model_fn(features, labels, mode, params):
+  logits = _logits(features)
+  loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+  step = tf1.train.get_or_create_global_step()
+  if params.get("host_call"):
+    from tensorflow_estimator.python.estimator.tpu import tpu_estimator
+
+    def host_call_fn(gs, loss_1, logits):
+      tf.summary.scalar("host_loss", loss_1[0], step=gs[0])
+      tf.summary.histogram("host_logits", logits, step=gs[0])
+      return tf1.summary.all_v2_summary_ops()
+    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
+    return tpu_estimator.TPUEstimatorSpec(
+        mode, loss=loss, train_op=opt.minimize(loss, step),
+        host_call=(host_call_fn, [tf.reshape(step, [1]),
+                                  tf.reshape(loss, [1]), logits]))
+  tf.summary.scalar("tf2_loss", loss, step=step)
+  tf.summary.scalar("tf2_max", tf.reduce_max(logits), step=step)
+  opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
+  return tf.estimator.EstimatorSpec(mode, loss=loss,
+                                    train_op=opt.minimize(loss, step))
+
+
+@pytest.mark.parametrize("host_call", [False, True])
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_tf2_summaries_and_host_call_read_the_global_batch(
+    num_towers, host_call, tmp_path):
+  rows = slice(0, 5)
+  z = LOGITS[rows] - LOGITS[rows].max(1, keepdims=True)
+  loss = -(z - np.log(np.exp(z).sum(1, keepdims=True)))[
+      np.arange(5), C[rows]].mean()
+  config = emg.make_session_config(num_cpus=4)
+  with tf.Graph().as_default() as graph:
+    fn = emg.multi_gpu(tf2_summary_model_fn,
+                       devices=harness.cpu_devices(num_towers))
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with writer.as_default(), tf.summary.record_if(True):
+      spec = fn({"x": tf.constant(X[rows])}, tf.constant(C[rows]), TRAIN,
+                {"host_call": host_call}, harness.config_for(config))
+    tags = ({"host_loss": loss} if host_call else
+            {"tf2_loss": loss, "tf2_max": LOGITS[rows].max()})
+    with tf1.Session(config=config) as session:
+      session.run(tf1.global_variables_initializer())
+      for tag, expected in tags.items():
+        written = _written(graph.get_operations(), tag)
+        assert len(written) == 1, tag   # once, not once per tower.
+        np.testing.assert_allclose(session.run(written[0]), expected,
+                                   rtol=1e-5, err_msg=tag)
+      if host_call:
+        histogram = _written(graph.get_operations(), "host_logits")
+        assert len(histogram) == 1
+        # tensorboard's histogram buckets of the global batch's 15 logits.
+        np.testing.assert_allclose(session.run(histogram[0])[:, 2].sum(), 15)
+    del spec
+
+
+# ------------------------------------------------ what is still inferred
+def hand_made_metric_model_fn(features, labels, mode):
+  """A metric that builds its own state and assignment outside the APIs."""
+  logits = _logits(features)
+  loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+  total = tf1.get_local_variable("hits", [], tf.float32,
+                                 initializer=tf1.zeros_initializer())
+  hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), labels),
+                               tf.float32))
+  return tf.estimator.EstimatorSpec(mode, loss=loss, eval_metric_ops={
+      "hand_made": (tf.identity(total), tf1.assign_add(total, hits))})
+
+
+def test_hand_made_metric_is_inferred_and_warned_once_per_model(caplog):
+  want = evaluate(hand_made_metric_model_fn, None)["hand_made"][0]
+  np.testing.assert_allclose(want, np.sum(PRED == C))
+  # per-example sums: the inference makes it exact, and says it inferred.
+  for _ in range(2):   # the same model_fn built twice: one warning.
+    got = evaluate(hand_made_metric_model_fn, 2)["hand_made"][0]
+    np.testing.assert_allclose(got, want)
+  assert caplog.text.count("'hand_made' updates its own state") == 1
+
+  def another_model_fn(features, labels, mode):
+    return hand_made_metric_model_fn(features, labels, mode)
+  evaluate(another_model_fn, 3)
+  assert caplog.text.count("'hand_made' updates its own state") == 2
+
+
+def test_estimator_add_metrics_sees_the_global_batch(run_config):
+  """`tf.estimator.add_metrics` runs its metric_fn on the merged spec."""
+  def input_fn():
+    return tf.data.Dataset.from_tensor_slices(({"x": X, "wt": WT}, C)).batch(5)
+
+  def metric_fn(labels, predictions):
+    return {"iou": tf1.metrics.mean_iou(labels, predictions["classes"], 3)}
+
+  def model_fn(features, labels, mode):
+    logits = _logits(features)
+    loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss, predictions={"classes": tf.argmax(logits, 1)})
+  est = tf.estimator.add_metrics(tf.estimator.Estimator(
+      emg.multi_gpu(model_fn, devices=harness.cpu_devices(3)),
+      config=run_config), metric_fn)
+  with tf.Graph().as_default():   # a checkpoint of W0 to evaluate.
+    _logits({"x": tf.constant(X)})
+    tf1.train.get_or_create_global_step()
+    with tf1.Session() as session:
+      session.run(tf1.global_variables_initializer())
+      tf1.train.Saver().save(session, run_config.model_dir + "/model.ckpt")
+  result = est.evaluate(input_fn)
+  np.testing.assert_allclose(result["iou"], _numpy_mean_iou(C, PRED),
+                             rtol=1e-5)
+
+
+def ratio_model_fn(features, labels, mode):
+  """Batch-level inputs that are ratios of sums: a weighted mean, a sum over
+  the batch size (how canned heads reduce their losses)."""
+  logits = _logits(features)
+  err = tf.square(logits[:, 0] - tf.cast(labels, tf.float32))
+  wt = features["wt"]
+  weighted = tf.reduce_sum(err * wt) / tf.reduce_sum(wt)
+  over_size = tf.math.divide_no_nan(tf.reduce_sum(err), tf.cast(
+      tf.size(err), tf.float32))
+  keras_mean = tf.keras.metrics.Mean()
+  keras_mean.update_state(weighted)
+  return tf.estimator.EstimatorSpec(mode, loss=over_size, eval_metric_ops={
+      "weighted": tf1.metrics.mean(weighted), "keras_weighted": keras_mean,
+      "over_size": tf1.metrics.mean(over_size)})
+
+
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_ratios_of_sums_are_the_global_batchs(num_towers):
+  err = (LOGITS[:, 0] - C) ** 2
+  weighted = [np.sum(err[r] * WT[r]) / WT[r].sum() for r in BATCHES]
+  want = evaluate(ratio_model_fn, None)
+  np.testing.assert_allclose(want["weighted"][0], np.mean(weighted),
+                             rtol=1e-5)
+  got = evaluate(ratio_model_fn, num_towers)
+  for key, value in want.items():
+    np.testing.assert_allclose(got[key], value, rtol=1e-5, err_msg=key)
