@@ -233,6 +233,9 @@ def statistic_kind(tensor: tf.Tensor,
   if op.type in _PASS_THROUGH and statistics:
     kind = statistic_kind(statistics[0], analysis)
     return {MAX: MIN, MIN: MAX}.get(kind, kind) if op.type == "Neg" else kind
+  if op.type in _KIND_OF_REDUCTION and statistics:  # over a statistic.
+    return _reduced_kind(_KIND_OF_REDUCTION[op.type],
+                         statistic_kind(statistics[0], analysis))
   if op.type in _LINEAR_SUMS and statistics:
     return _sum_kind([statistic_kind(t, analysis) for t in statistics],
                      constants=len(statistics) < len(op.inputs))
@@ -255,6 +258,14 @@ def ratio_parts(tensor: tf.Tensor, analysis: ShardAnalysis
   if all(statistic_kind(t, analysis) == SUM for t in parts):
     return parts
   return None
+
+
+def _reduced_kind(reduction: str, kind: Optional[str]) -> Optional[str]:
+  """A sum or mean over entries of a mean (sum) is a mean (sum); a max of
+  maxima a max, a min of minima a min."""
+  if reduction in (SUM, MEAN):
+    return kind if kind in (SUM, MEAN) else None
+  return kind if kind == reduction else None
 
 
 def _sum_kind(kinds: list, constants: bool) -> Optional[str]:

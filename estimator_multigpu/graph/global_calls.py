@@ -15,8 +15,9 @@ Keras `Metric.update_state`, a `TPUEstimatorSpec`'s `eval_metrics` and
 - Once every tower is built, `Recorder.bind` feeds each stub the global
   batch's value: per-example tensors (`dataflow.ROWS`) concatenated in tower
   order, which is input order (SparseTensors too); a shard statistic
-  combined over the towers by what it is: the tower's loss or a `LOSSES` term
-  Σᵢ wᵢ·xᵢ with the towers' loss weights, a mean Σᵢ (nᵢ/n)·xᵢ, a sum or a
+  combined over the towers by what it is: the tower's loss, a `LOSSES` term
+  or an `emg.global_ratio` share Σᵢ wᵢ·xᵢ with the towers' loss weights,
+  a ratio of sums Σᵢ numeratorᵢ / Σᵢ denominatorᵢ, a mean Σᵢ (nᵢ/n)·xᵢ, a sum or a
   count of examples Σᵢ xᵢ, a max or a min over the towers
   (`dataflow.statistic_kind`). A statistic of no such kind keeps tower 0's
   value, with a WARNING naming the API and the fix.
@@ -36,6 +37,7 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
+from estimator_multigpu.cross_tower import losses as cross_tower_losses
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import notices
 from estimator_multigpu.graph import sharing
@@ -275,6 +277,10 @@ def _weighted_sum(pieces: list, weights: list) -> tf.Tensor:
 
 
 def _loss_terms(tower0) -> list:
+  """Tower 0's tensors the towers' loss weights combine: its loss, its
+  `LOSSES` terms and its `emg.global_ratio` shares."""
   terms = [tower0.spec.loss] + list(
-      tower0.collections.get(tf1.GraphKeys.LOSSES, []))
+      tower0.collections.get(tf1.GraphKeys.LOSSES, [])) + [
+          ratio for ratio, _ in tower0.collections.get(
+              cross_tower_losses.NORMALIZERS, [])]
   return [t for t in terms if isinstance(t, tf.Tensor)]
