@@ -85,7 +85,7 @@ def _build_spec(model_fn, options: Options, features, labels, mode, params,
                if options.mixed_precision else None)
   ranges = readouts.OpRanges()
   shares, analyses = _shares(split, examples), _analyses(split)
-  recorder = global_calls.Recorder(analyses[0])
+  recorder = global_calls.Recorder(analyses[0], options.loss_reduction)
   towers = towers_lib.build_towers(
       lambda tower, shard: _call_tower(model_fn, precision, shard, mode,
                                        params, config),

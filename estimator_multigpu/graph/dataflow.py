@@ -213,41 +213,43 @@ def strip_pass_through(tensor: tf.Tensor) -> tf.Tensor:
   return tensor
 
 
-def statistic_kind(tensor: tf.Tensor,
-                   analysis: ShardAnalysis) -> Optional[str]:
+def statistic_kind(tensor: tf.Tensor, analysis: ShardAnalysis,
+                   known: Optional[dict] = None) -> Optional[str]:
   """How a shard statistic combines over the towers: `MEAN`, `SUM`, `MAX`,
   `MIN` of the shard's examples (a linear combination of means, a scaled
   sum, a count of the shard's examples), `RATIO` (a sum over a sum or a
   count: a weighted mean, `ratio_parts`), or None for any other statistic
   (a ratio of two means, a variance): that is the one inference left when
-  a readout is built once from the global batch."""
+  a readout is built once from the global batch. `known` maps tensors
+  (`Tensor.ref()`) whose kind is given (the loss terms) to it."""
+  known = known or {}
+  if tensor.ref() in known:
+    return known[tensor.ref()]
   if is_count(tensor, analysis):
     return SUM
-  if ratio_parts(tensor, analysis) is not None:
+  if ratio_parts(tensor, analysis, known) is not None:
     return RATIO
   op, status = tensor.op, analysis.status
   if op.type in _KIND_OF_REDUCTION and status(op.inputs[0]) == ROWS:
     return _KIND_OF_REDUCTION[op.type]
   statistics = [t for t in op.inputs if status(t) == STATISTIC or
                 is_count(t, analysis)]
+  kinds = [statistic_kind(t, analysis, known) for t in statistics]
   if op.type in _PASS_THROUGH and statistics:
-    kind = statistic_kind(statistics[0], analysis)
-    return {MAX: MIN, MIN: MAX}.get(kind, kind) if op.type == "Neg" else kind
+    return {MAX: MIN, MIN: MAX}.get(kinds[0], kinds[0]) if (
+        op.type == "Neg") else kinds[0]
   if op.type in _KIND_OF_REDUCTION and statistics:  # over a statistic.
-    return _reduced_kind(_KIND_OF_REDUCTION[op.type],
-                         statistic_kind(statistics[0], analysis))
+    return _reduced_kind(_KIND_OF_REDUCTION[op.type], kinds[0])
   if op.type in _LINEAR_SUMS and statistics:
-    return _sum_kind([statistic_kind(t, analysis) for t in statistics],
-                     constants=len(statistics) < len(op.inputs))
+    return _sum_kind(kinds, constants=len(statistics) < len(op.inputs))
   if op.type in _SCALES and len(statistics) == 1 and (
       op.type == "Mul" or statistics[0] is op.inputs[0]):
-    kind = statistic_kind(statistics[0], analysis)
-    return kind if kind in (MEAN, SUM) else None
+    return kinds[0] if kinds[0] in (MEAN, SUM) else None
   return None
 
 
-def ratio_parts(tensor: tf.Tensor, analysis: ShardAnalysis
-                ) -> Optional[tuple]:
+def ratio_parts(tensor: tf.Tensor, analysis: ShardAnalysis,
+                known: Optional[dict] = None) -> Optional[tuple]:
   """(numerator, denominator) of a sum over the shard divided by a sum or
   count over it (Σ w·x / Σ w, Σ x / n), else None; over the towers it is
   Σᵢ numeratorᵢ / Σᵢ denominatorᵢ."""
@@ -255,7 +257,7 @@ def ratio_parts(tensor: tf.Tensor, analysis: ShardAnalysis
   if op.type not in _DIVISIONS:
     return None
   parts = tuple(op.inputs[:2])
-  if all(statistic_kind(t, analysis) == SUM for t in parts):
+  if all(statistic_kind(t, analysis, known) == SUM for t in parts):
     return parts
   return None
 

@@ -60,10 +60,16 @@ class Recorder:
 
   Args:
     analysis: tower 0's `dataflow.ShardAnalysis`.
+    loss_reduction: the `multi_gpu` option (how loss terms combine).
   """
 
-  def __init__(self, analysis: dataflow.ShardAnalysis):
+  def __init__(self, analysis: dataflow.ShardAnalysis,
+               loss_reduction: str = "mean"):
     self._analysis = analysis
+    # A loss term's kind: the towers' loss weights are their shares of the
+    # examples ("mean") or 1 ("sum").
+    self._loss_kind = (dataflow.MEAN if loss_reduction == "mean" else
+                       dataflow.SUM)
     self._calls: list = []  # tower 0's `Call`s, in call order.
     self._arguments: dict = {}  # tower index -> [flat arguments per call].
     self.built_ops: set = set()  # the ops tower 0's calls created.
@@ -177,7 +183,8 @@ class Recorder:
     first = dataflow.strip_pass_through(pieces[0])
     if any(first is dataflow.strip_pass_through(t) for t in losses):
       return _weighted_sum(pieces, [t.loss_weight for t in towers])
-    kind = dataflow.statistic_kind(pieces[0], self._analysis)
+    kind = dataflow.statistic_kind(pieces[0], self._analysis, {
+        t.ref(): self._loss_kind for t in losses})
     if kind == dataflow.MEAN:
       return _weighted_sum(pieces, shares)
     if kind == dataflow.SUM:
