@@ -93,22 +93,27 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
        combined; it is found from the graph's structure and warned about
        once. For the single-device clip of the combined gradient remove it
        and pass `clip_gradients_by_norm`.
-    6. Streaming metrics must have additive state (totals, counts, confusion
-       counts: every `tf.compat.v1.metrics` function qualifies). What the
-       user reads is one device's (`graph.metrics`, `graph.readouts`): a
-       metric fed a batch-level value (`metrics.mean(loss)`) is weighted
-       by each tower's share nᵢ/n; one whose update reads its own state
-       (tf-slim streaming covariance and Pearson: a delta computed from the
-       metric's variables) runs tower after tower. `tf.compat.v1.summary.
-       scalar` and tensors held by hooks (in an attribute, or a dict, list or
-       tuple attribute) read the global batch's value when they are the
-       loss, a LOSSES term, or a mean or sum over the shard's examples; any
-       other statistic of the shard (a max, a ratio), histogram and image
-       summaries, TF2 `tf.summary` ops and tensors a hook finds another way
-       stay tower 0's. A per-example metric input or prediction computed
-       from a statistic of the batch (TF-Ranking's default list weight, a
-       softmax over axis 0) is a WARNING naming the fix: compute the
-       statistic with `cross_tower_sum` / `cross_tower_concat`.
+    6. Metrics and summaries go through their APIs, which are built once,
+       in tower 0, from the global batch (`graph.global_calls`): every
+       `tf.compat.v1.metrics`, tf-slim and TF-Ranking metric, a Keras
+       `Metric.update_state` (the canned heads' included), a
+       `TPUEstimatorSpec`'s `eval_metrics` and `host_call`, and
+       `tf.compat.v1.summary.*` / TF2 `tf.summary.*`. The API sees the
+       towers' per-example tensors concatenated in input order, and each
+       scalar it is fed as the global batch's: the loss and LOSSES terms
+       with the towers' loss weights, a mean, sum, max, min or count of the
+       shard's examples, a sum over a sum or a count (a weighted mean). So
+       any such metric (`mean_iou`, AUC, `precision_at_k`, Pearson) is one
+       device's, and repeated evaluations agree. Still inferred, with a
+       WARNING naming it (once per model_fn and mode): a scalar of another
+       kind (a variance, a ratio of means: tower 0's), a metric that builds
+       its own variables and assignments outside those APIs (weighted or
+       ordered from its ops, `graph.metrics`), a raw `ScalarSummary` op,
+       and a per-example input computed before the call from a statistic of
+       the batch (a softmax over axis 0): compute such a statistic with
+       `cross_tower_sum` / `cross_tower_concat`. Tensors held by hooks (an
+       attribute, a dict, list or tuple) read the global batch's value
+       when they are the loss, a LOSSES term, a mean or a sum.
     7. Inputs: every feature and label is cut along axis 0, except the
        feature keys named in `unsplit_features`, which every tower gets
        whole. `tf.RaggedTensor` inputs and a global batch of 0 examples in
