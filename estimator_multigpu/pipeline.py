@@ -85,9 +85,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       ([canned.optimizer_scope] if mode == ModeKeys.TRAIN else []) +
       _cross_tower_scopes(plan, split, mode, options))
   shares, analyses = _shares(split, examples), _analyses(split)
-  if mode != ModeKeys.PREDICT:
-    readouts.combine(towers, shares, analyses[0], ranges)
-  elif towers[0].spec.predictions is not None:
+  readouts.combine(towers, shares, analyses[0], ranges)
+  if mode == ModeKeys.PREDICT and towers[0].spec.predictions is not None:
     readouts.warn_coupled_predictions(towers[0].spec.predictions,
                                       analyses[0])
   if mode != ModeKeys.TRAIN:
