@@ -77,9 +77,9 @@ class TowerCheck:
     ok: every shared variable, and everything the user reads, agrees
       within the tolerance.
     worst: (name, max abs difference), largest first; a name is a
-      variable, `eval/<metric>`, `predict/<key>` or `summary/<tag>`
-      (`check_readouts`); one the one device has and the towers lack counts
-      as inf.
+      variable, `eval/<metric>`, `predict/<key>`, `summary/<tag>` or
+      `hook/<Hook>.<key>` (`check_readouts`); one the one device has and
+      the towers lack (or hold in another shape) counts as inf.
     devices: the towers' devices.
     steps: training steps compared.
     loss_one_device, loss_towers: the first step's loss of each.
@@ -318,7 +318,8 @@ class _StartFrom(tf1.train.SessionRunHook):
 def _differences(reference: dict, towers: dict) -> list:
   """(name, max abs difference) for one device's variables, largest first."""
   worst = [(name, float(np.max(np.abs(towers[name] - value), initial=0.0))
-            if name in towers else np.inf)
+            if name in towers and np.shape(towers[name]) == np.shape(value)
+            else np.inf)
            for name, value in reference.items()]
   return sorted(worst, key=lambda pair: -pair[1])
 

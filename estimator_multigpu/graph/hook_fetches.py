@@ -320,8 +320,12 @@ class RunTimeFetches:
     return self.fetches.pairing(tensor, what)
 
   def after_run(self, run_context, run_values):
+    return self._after(run_context, self.seen(run_values))
+
+  def seen(self, run_values):
+    """The run's values as the hook sees them: the global batch's."""
     if self._pending is None:
-      return self._after(run_context, run_values)
+      return run_values
     structure, pairings = self._pending
     results = run_values.results
     values = tf.nest.flatten(results["hook"])
@@ -331,6 +335,13 @@ class RunTimeFetches:
       combined = tf.nest.pack_sequence_as(structure, [
           p.combine(v, extra) if p else v
           for p, v, extra in zip(pairings, values, results["towers"])])
-    return self._after(run_context, tf1.train.SessionRunValues(
-        combined, run_values.options, run_values.run_metadata))
+    return tf1.train.SessionRunValues(combined, run_values.options,
+                                      run_values.run_metadata)
+
+
+def seen_by(hook, run_values):
+  """`run_values` as `hook`'s own after_run sees them (the global batch's
+  when `multi_gpu` answers its run-time fetches)."""
+  installed = vars(hook).get("_global_batch_fetches")
+  return run_values if installed is None else installed.seen(run_values)
 

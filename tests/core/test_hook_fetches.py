@@ -188,3 +188,37 @@ def test_summary_saver_hook_writes_the_global_batch(num_towers, session_config,
              for v in event.summary.value if v.tag == "err_sum"]
   np.testing.assert_allclose(written, [ERR[b].sum() for b in BATCHES],
                              rtol=1e-5)
+
+
+def check_input_fn():
+  return tf.data.Dataset.from_tensors((X[:7], Y[:7])).repeat()
+
+
+def checked_model_fn(features, labels, mode, params):
+  """A training hook that keeps a per-example tensor (params['unpaired']:
+  one only tower 0 builds) and one that fetches a dict of them."""
+  w = tf1.get_variable("w", initializer=W0)
+  pred = tf.reduce_sum(features * w, 1)
+  loss = tf.reduce_mean(tf.square(pred - labels))
+  kept = pred
+  if params["unpaired"] and "tower_" not in tf1.get_default_graph(
+      ).get_name_scope():
+    kept = tf.identity(pred, name="tower0_only")
+  opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
+  return tf.estimator.EstimatorSpec(
+      mode, loss=loss, train_op=opt.minimize(loss, tf1.train.get_global_step()),
+      training_hooks=[OddHook(kept), KeepHook({"err": tf.abs(pred - labels)})])
+
+
+@pytest.mark.parametrize("unpaired", [False, True])
+def test_check_towers_compares_what_hooks_fetch(unpaired):
+  report = emg.check_towers(checked_model_fn, check_input_fn,
+                            harness.cpu_devices(3), modes=(),
+                            params={"unpaired": unpaired})
+  worst = dict(report.worst)
+  assert {"hook/OddHook.fetches", "hook/KeepHook.err"} <= set(worst)
+  assert report.ok is not unpaired, str(report)
+  assert worst["hook/KeepHook.err"] <= 1e-5
+  if unpaired:  # tower 0's 3 values where one device has 7.
+    assert worst["hook/OddHook.fetches"] == np.inf
+    assert "a value a training hook fetches differs" in str(report)
