@@ -92,6 +92,7 @@ class GlobalFetches:
     self._analysis, self._ranges = analysis, ranges
     self._by_type: dict = {}
     self._concats: dict = {}
+    self._pairings: dict = {}
     self._warned: set = set()
 
   def global_tensor(self, tensor: tf.Tensor, what: str) -> Optional[tf.Tensor]:
@@ -116,6 +117,12 @@ class GlobalFetches:
     shard's or cannot be paired (warned)."""
     if not self._in_tower0(tensor):
       return None
+    key = (what.split(".")[0], tensor.ref())
+    if key not in self._pairings:  # at run time: once per hook and tensor.
+      self._pairings[key] = self._pair(tensor, what)
+    return self._pairings[key]
+
+  def _pair(self, tensor: tf.Tensor, what: str) -> Optional[Pairing]:
     status = self._analysis.status(tensor)
     if status == dataflow.ROWS:
       return self._paired(tensor, what, ROWS, self._rows_counterpart, [])
@@ -187,6 +194,8 @@ class GlobalFetches:
 def global_batch_hooks(fetches: GlobalFetches, hooks) -> None:
   """Every hook in `hooks` fetches the global batch's values (module doc)."""
   for hook in hooks or ():
+    if not hasattr(hook, "__dict__"):  # __slots__: nothing to rewrite.
+      continue
     rewrite_attributes(hook, fetches)
     run_peer_collectives(hook)
     RunTimeFetches.wrap(hook, fetches)
