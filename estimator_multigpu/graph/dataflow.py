@@ -34,9 +34,9 @@ _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastArgs",
 # Ops over the last axis (the batch's, for a vector of scores): a softmax,
 # top_k (tf.sort and tf.argsort are built on it).
 _LAST_AXIS_OPS = frozenset({"Softmax", "LogSoftmax", "TopKV2", "TopK"})
-# Ops along an axis given as their second input: cumulative sums, reversal.
-_ALONG_AXIS_OPS = frozenset({"Cumsum", "Cumprod", "CumulativeLogsumexp",
-                             "ReverseV2"})
+# Ops along an axis given as their second input: cumulative sums (of a
+# vector of scores; axis 0 of a larger tensor may be time, not the batch).
+_ALONG_AXIS_OPS = frozenset({"Cumsum", "Cumprod", "CumulativeLogsumexp"})
 
 
 def is_collective(op: tf.Operation) -> bool:
@@ -139,14 +139,16 @@ class ShardAnalysis:
     return STATISTIC if output.dtype.is_floating else NONE
 
   def _check_batch_axis(self, op: tf.Operation) -> None:
-    """An op along the batch axis of per-example values (a softmax or top_k
-    over a vector of scores, a cumulative sum over axis 0) couples the
-    batch, whatever its outputs are (top_k's indices too)."""
+    """An op along the batch axis of per-example values (a softmax, top_k
+    or cumulative sum over a vector of scores) couples the batch, whatever
+    its outputs are (top_k's indices too)."""
     if op.type in _ALONG_AXIS_OPS:
-      along = _static_axis(op) == 0
-    else:
-      along = op.type in _LAST_AXIS_OPS and self._batch_is_last(op.inputs[0])
-    if along:
+      rank = op.inputs[0].shape.rank
+      if rank is None or _static_axis(op) != rank - 1:
+        return
+    elif op.type not in _LAST_AXIS_OPS:
+      return
+    if self._batch_is_last(op.inputs[0]):
       self.couplings.append(Coupling(op, None))
 
   def _batch_is_last(self, tensor: tf.Tensor) -> bool:
@@ -154,11 +156,12 @@ class ShardAnalysis:
     last by a transpose, or every axis before the last fixed and not the
     shard's ([1, batch] from a reshape, expand_dims or a swap of axes)."""
     shape, producer = tensor.shape, tensor.op
-    if shape.rank == 1 or (producer.type == "Transpose" and
-                           _moves_first_axis_last(producer)):
+    if shape.rank == 1:
       return True
     if not shape.rank or not self._is_batch_dim(shape[-1]):
       return False
+    if producer.type == "Transpose" and _moves_first_axis_last(producer):
+      return True
     return not any(d is None or self._is_batch_dim(d) for d in shape[:-1])
 
   def _is_batch_dim(self, dim) -> bool:

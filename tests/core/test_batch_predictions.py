@@ -77,3 +77,16 @@ def test_every_spelling_of_a_batch_prediction_is_warned_once(
   for key in PER_EXAMPLE:
     assert f"prediction {key!r}" not in caplog.text, key
   assert "emg.cross_tower_concat" in caplog.text
+
+
+def test_ops_over_time_in_a_time_major_tensor_are_not_warned(session_config,
+                                                              caplog):
+  """Axis 0 of a [time, batch, units] tensor is time: a cumulative sum or a
+  softmax over time is per example."""
+  time_major = lambda s: tf.stack([s, 2 * s, 3 * s])[:, :, None]  # noqa: E731
+  build({"cumsum_over_time": lambda s: tf.cumsum(time_major(s), axis=0),
+         "softmax_over_time": lambda s: tf.nn.softmax(time_major(s), axis=0),
+         "raw_softmax_over_time": lambda s: tf.raw_ops.Softmax(
+             logits=tf.transpose(time_major(s), [2, 1, 0]))},
+        2, session_config, static=False)
+  assert "couples the examples" not in caplog.text
