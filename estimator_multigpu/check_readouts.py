@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_multigpu.graph import calling
-from estimator_multigpu.graph import hook_fetches
+from estimator_multigpu.graph import hook_rewrites
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
@@ -79,7 +79,7 @@ class HookRecorder(tf1.train.SessionRunHook):
   def after_run(self, run_context, run_values):
     if not self._recorded and self._fetches is not None:
       self._recorded = True
-      seen = hook_fetches.seen_by(self._hook, run_values).results
+      seen = hook_rewrites.seen_by(self._hook, run_values).results
       self.values = _named_values(self._hook, self._fetches, seen)
     self._hook.after_run(run_context, run_values)
 

@@ -15,7 +15,7 @@ dtype and shape) and replaced, where the user reads it, by
 tower 0's `tf.compat.v1.summary.scalar` ops, and the attributes of tower 0's
 hooks that hold the tensor or its name (directly, or in a dict, list or
 tuple: `LoggingTensorHook`, a custom `SessionRunHook` that keeps
-`self.loss`; per-example tensors and run-time fetches too: `hook_fetches`).
+`self.loss`; per-example tensors and run-time fetches too: `hook_rewrites`).
 A shard statistic that is not a mean or a sum (a max, a ratio
 of two means) stays tower 0's and is warned about; non-scalar summaries
 (histograms, images) are tower 0's.
@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import hook_fetches
+from estimator_multigpu.graph import hook_rewrites
 from estimator_multigpu.graph import state_updates
 
 tf1 = tf.compat.v1
@@ -197,7 +198,7 @@ def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
   spec = towers[0].spec
   for hooks in (spec.training_hooks, spec.training_chief_hooks,
                 spec.evaluation_hooks, spec.prediction_hooks):
-    hook_fetches.global_batch_hooks(fetches, hooks)
+    hook_rewrites.global_batch_hooks(fetches, hooks)
   for summary in towers[0].collections.get(tf1.GraphKeys.SUMMARIES, []):
     op = getattr(summary, "op", summary)
     peers = _peers([op])
