@@ -77,9 +77,9 @@ class TowerCheck:
     ok: every shared variable, and everything the user reads, agrees
       within the tolerance.
     worst: (name, max abs difference), largest first; a name is a
-      variable, `eval/<metric>`, `predict/<key>` or `summary/<tag>`
-      (`check_readouts`); one the one device has and the towers lack counts
-      as inf.
+      variable, `eval/<metric>`, `predict/<key>`, `summary/<tag>` or
+      `hook/<Hook>.<key>` (`check_readouts`); one the one device has and
+      the towers lack (or hold in another shape) counts as inf.
     devices: the towers' devices.
     steps: training steps compared.
     loss_one_device, loss_towers: the first step's loss of each.
@@ -258,8 +258,9 @@ def _train_fixed(fn, input_fn, steps, params, config, initial,
     hooks = check_readouts.recorded_hooks(
         list(spec.training_hooks) + list(spec.training_chief_hooks))
     summaries = tf1.summary.merge_all()
+    start_from = [_StartFrom(variables, initial)] if initial else []
     with tf1.train.SingularMonitoredSession(
-        hooks=hooks, scaffold=_scaffold(spec.scaffold, variables, initial),
+        hooks=start_from + hooks, scaffold=spec.scaffold,
         config=config) as session:
       start = dict(zip(names, session.raw_session().run(variables)))
       first_loss, readouts = check_readouts.first_step_readouts(
@@ -297,27 +298,28 @@ def _next_batches(iterator, batches: int):
   return tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *elements)
 
 
-def _scaffold(scaffold, variables: list, initial: Optional[dict]):
-  """The spec's scaffold; with `initial`, the variables start from it."""
-  if initial is None:
-    return scaffold
-  user_init_fn = scaffold.init_fn if scaffold else None
+class _StartFrom(tf1.train.SessionRunHook):
+  """Once the session is made (after the model_fn's own Scaffold: its
+  `init_fn`, `saver`, `ready_op`, `local_init_op`), the variables start from
+  `initial` (one device's values), through their initializers, fed: no new
+  ops in the finalized graph."""
 
-  def init_fn(scaffold_, session):
-    if user_init_fn is not None:
-      user_init_fn(scaffold_, session)
-    for variable in variables:  # the initializer, fed: no new ops.
-      if variable.op.name in initial:
+  def __init__(self, variables: list, initial: dict):
+    self._variables, self._initial = variables, initial
+
+  def after_create_session(self, session, coord):
+    del coord
+    for variable in self._variables:
+      if variable.op.name in self._initial:
         session.run(variable.initializer, {
-            variable.initializer.inputs[1]: initial[variable.op.name]})
-
-  return tf1.train.Scaffold(init_fn=init_fn)
+            variable.initializer.inputs[1]: self._initial[variable.op.name]})
 
 
 def _differences(reference: dict, towers: dict) -> list:
   """(name, max abs difference) for one device's variables, largest first."""
   worst = [(name, float(np.max(np.abs(towers[name] - value), initial=0.0))
-            if name in towers else np.inf)
+            if name in towers and np.shape(towers[name]) == np.shape(value)
+            else np.inf)
            for name, value in reference.items()]
   return sorted(worst, key=lambda pair: -pair[1])
 

@@ -4,7 +4,10 @@ Besides the trained variables, `check_towers` compares, one device against
 the towers, under the keys of `TowerCheck.worst`:
 
 - `summary/<tag>`: the user's scalar summaries, and `summary/<hook>/<key>`
-  the scalars hooks fetch, at the first training step;
+  the scalars hooks fetch in a dict, at the first training step;
+- `hook/<Hook>.<key>`: the other values training hooks fetch at the first
+  step (per-example tensors), as the hook sees them; `<key>` is the dict
+  key, the list index or the hook's attribute holding the fetch;
 - `eval/<metric>`: every `eval_metric_ops` value after `steps` EVAL batches;
 - `predict/<key>`: every prediction of `steps` PREDICT batches.
 
@@ -22,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_multigpu.graph import calling
+from estimator_multigpu.graph import hook_rewrites
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
@@ -41,14 +45,24 @@ CAUSES = {
                 "shard that is not a mean or a sum over its examples (a max, "
                 "a ratio)", "compute it over the global batch with "
                 "emg.cross_tower_sum / emg.global_ratio"),
+    "hook": ("a value a training hook fetches differs: a per-example tensor "
+             "or statistic `multi_gpu` cannot pair with every tower (built "
+             "in tower 0 only, or not a mean or a sum)",
+             "see the WARNING `multi_gpu` logs naming the hook; compute it "
+             "the same way in every tower, or gather it with "
+             "emg.cross_tower_concat / emg.cross_tower_sum"),
 }
 
 
 class HookRecorder(tf1.train.SessionRunHook):
-  """Wraps a hook; keeps the scalars it fetched at the first step."""
+  """Wraps a hook; keeps what it fetched at the first step, as the hook saw
+  it: scalars of a dict under `summary/<Hook>/<key>`, the rest under
+  `hook/<Hook>.<key>` (the dict key, list index, or the hook's attribute
+  holding the fetch)."""
 
   def __init__(self, hook):
     self._hook, self.values = hook, {}
+    self._fetches, self._recorded = None, False
 
   def begin(self):
     self._hook.begin()
@@ -57,22 +71,40 @@ class HookRecorder(tf1.train.SessionRunHook):
     self._hook.after_create_session(session, coord)
 
   def before_run(self, run_context):
-    return self._hook.before_run(run_context)
+    args = self._hook.before_run(run_context)
+    if not self._recorded:
+      self._fetches = getattr(args, "fetches", None)
+    return args
 
   def after_run(self, run_context, run_values):
-    if not self.values and isinstance(run_values.results, dict):
-      name = type(self._hook).__name__
-      self.values = {f"summary/{name}/{key}": np.asarray(value)
-                     for key, value in run_values.results.items()
-                     if np.ndim(value) == 0 and _is_number(value)}
+    if not self._recorded and self._fetches is not None:
+      self._recorded = True
+      seen = hook_rewrites.seen_by(self._hook, run_values).results
+      self.values = _named_values(self._hook, self._fetches, seen)
     self._hook.after_run(run_context, run_values)
 
   def end(self, session):
     self._hook.end(session)
 
 
+def _named_values(hook, fetches, results) -> dict:
+  """{readout key: value} of the numbers a hook fetched."""
+  name = type(hook).__name__
+  if isinstance(results, dict):
+    named = {(f"summary/{name}/{key}" if np.ndim(value) == 0 else
+              f"hook/{name}.{key}"): value for key, value in results.items()}
+  elif isinstance(results, (list, tuple)):
+    named = {f"hook/{name}.{i}": value for i, value in enumerate(results)}
+  else:
+    held = [key for key, value in vars(hook).items() if value is fetches]
+    named = {f"hook/{name}.{held[0] if held else 'fetch'}": results}
+  return {key: np.asarray(value) for key, value in named.items()
+          if _is_number(value)}
+
+
 def _is_number(value) -> bool:
-  return np.issubdtype(np.asarray(value).dtype, np.number)
+  return value is not None and np.issubdtype(np.asarray(value).dtype,
+                                             np.number)
 
 
 def recorded_hooks(hooks) -> list:

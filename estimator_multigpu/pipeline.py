@@ -99,9 +99,9 @@ def _build_spec(model_fn, options: Options, features, labels, mode, params,
       ([canned.optimizer_scope] if mode == ModeKeys.TRAIN else []) +
       _cross_tower_scopes(plan, split, mode, options))
   recorder.bind(towers, shares)
-  if mode != ModeKeys.PREDICT:
-    readouts.combine(towers, shares, analyses[0], ranges, recorder.built_ops)
-  elif towers[0].spec.predictions is not None:
+  ranges.drop(recorder.built_ops)
+  readouts.combine(towers, shares, analyses[0], ranges, recorder.built_ops)
+  if mode == ModeKeys.PREDICT and towers[0].spec.predictions is not None:
     readouts.warn_coupled_predictions(towers[0].spec.predictions,
                                       analyses[0])
   if mode != ModeKeys.TRAIN:

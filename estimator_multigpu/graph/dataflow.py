@@ -24,14 +24,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Optional
 
+import numpy as np
 import tensorflow as tf
 
 NONE, ROWS, STATISTIC, GLOBAL = "none", "rows", "statistic", "global"
 
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastArgs",
                         "BroadcastGradientArgs"})
-# Ops that reduce along the last axis (the batch's, for a vector of scores).
-_LAST_AXIS_OPS = frozenset({"Softmax", "LogSoftmax"})
+# Ops over the last axis (the batch's, for a vector of scores): a softmax,
+# top_k (tf.sort and tf.argsort are built on it).
+_LAST_AXIS_OPS = frozenset({"Softmax", "LogSoftmax", "TopKV2", "TopK"})
+# Ops along an axis given as their second input: cumulative sums (of a
+# vector of scores; axis 0 of a larger tensor may be time, not the batch).
+_ALONG_AXIS_OPS = frozenset({"Cumsum", "Cumprod", "CumulativeLogsumexp"})
 
 
 def is_collective(op: tf.Operation) -> bool:
@@ -122,11 +127,12 @@ class ShardAnalysis:
     if op.type in _SHAPE_OPS or not inputs:
       return NONE
     rows_shape = self._rows_shaped(output) and not _reduces_batch_axis(op)
+    if ROWS in inputs and output is op.outputs[0]:
+      self._check_batch_axis(op)
     if STATISTIC in inputs:
       return self._from_statistic(op, output, inputs, rows_shape)
     if ROWS in inputs:
       if rows_shape:
-        self._check_batch_axis(op)
         return ROWS
       return STATISTIC if output.dtype.is_floating else NONE
     return GLOBAL if GLOBAL in inputs else NONE
@@ -142,14 +148,33 @@ class ShardAnalysis:
     return STATISTIC if output.dtype.is_floating else NONE
 
   def _check_batch_axis(self, op: tf.Operation) -> None:
-    """A softmax over a vector of per-example scores couples the batch."""
-    if op.type not in _LAST_AXIS_OPS:
+    """An op along the batch axis of per-example values (a softmax, top_k
+    or cumulative sum over a vector of scores) couples the batch, whatever
+    its outputs are (top_k's indices too)."""
+    if op.type in _ALONG_AXIS_OPS:
+      rank = op.inputs[0].shape.rank
+      if rank is None or _static_axis(op) != rank - 1:
+        return
+    elif op.type not in _LAST_AXIS_OPS:
       return
-    shape = op.inputs[0].shape
-    producer = op.inputs[0].op
-    if shape.rank == 1 or (producer.type == "Transpose" and
-                           _moves_first_axis_last(producer)):
+    if self._batch_is_last(op.inputs[0]):
       self.couplings.append(Coupling(op, None))
+
+  def _batch_is_last(self, tensor: tf.Tensor) -> bool:
+    """The last axis of `tensor` is the batch's: a vector, the batch moved
+    last by a transpose, or every axis before the last fixed and not the
+    shard's ([1, batch] from a reshape, expand_dims or a swap of axes)."""
+    shape, producer = tensor.shape, tensor.op
+    if shape.rank == 1:
+      return True
+    if not shape.rank or not self._is_batch_dim(shape[-1]):
+      return False
+    if producer.type == "Transpose" and _moves_first_axis_last(producer):
+      return True
+    return not any(d is None or self._is_batch_dim(d) for d in shape[:-1])
+
+  def _is_batch_dim(self, dim) -> bool:
+    return dim is None or dim == self._size
 
   def _rows_shaped(self, tensor: tf.Tensor) -> bool:
     shape = tensor.shape
@@ -172,6 +197,14 @@ def _reduces_batch_axis(op: tf.Operation) -> bool:
     return False
   return any(int(a) % rank == 0 for a in tf.nest.flatten(axes.tolist())) or (
       rank == 0)
+
+
+def _static_axis(op: tf.Operation) -> Optional[int]:
+  """The axis (a second input) an op works along, made non-negative."""
+  axis, rank = tf.get_static_value(op.inputs[1]), op.inputs[0].shape.rank
+  if axis is None or rank is None or np.ndim(axis) > 1 or np.size(axis) != 1:
+    return None
+  return int(np.reshape(axis, [])) % max(rank, 1)
 
 
 def _moves_first_axis_last(transpose: tf.Operation) -> bool:

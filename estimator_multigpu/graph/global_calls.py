@@ -72,7 +72,10 @@ class Recorder:
                        dataflow.SUM)
     self._calls: list = []  # tower 0's `Call`s, in call order.
     self._arguments: dict = {}  # tower index -> [flat arguments per call].
-    self.built_ops: set = set()  # the ops tower 0's calls created.
+    # Every op the wrapped calls made, in any tower (stubs included): towers
+    # do not line up op for op over them, and their assignments are no
+    # metric's own (`metrics`).
+    self.built_ops: set = set()
 
   @contextlib.contextmanager
   def scope(self, tower):
@@ -98,12 +101,27 @@ class Recorder:
     first = self._first_call(api, position, index)
     if not build_in_peers:
       return first.result
-    _run_nested(fn, args, kwargs)
-    # Keras adds the graph's newest op as the metric's update: tower 0's.
-    return tf.group(first.result, name="global_batch_update")
+    with self._recording():
+      _run_nested(fn, args, kwargs)
+      # Keras adds the graph's newest op as the metric's update: tower 0's.
+      return tf.group(first.result, name="global_batch_update")
+
+  @contextlib.contextmanager
+  def _recording(self):
+    """Adds the ops made inside to `built_ops`."""
+    graph = tf1.get_default_graph()
+    start = len(graph.get_operations())
+    try:
+      yield
+    finally:
+      self.built_ops.update(graph.get_operations()[start:])
 
   def _call_tower0(self, api, fn, args, kwargs, flat,
                    build_in_peers) -> Any:
+    with self._recording():
+      return self._build_once(api, fn, args, kwargs, flat, build_in_peers)
+
+  def _build_once(self, api, fn, args, kwargs, flat, build_in_peers) -> Any:
     stubs, fed = {}, list(flat)
     for position, leaf in enumerate(flat):
       kind = self._kind(leaf)
@@ -113,13 +131,10 @@ class Recorder:
         for stub in _components(fed[position]):
           self._analysis.mark_global(stub)
     args, kwargs = tf.nest.pack_sequence_as((args, kwargs), fed)
-    graph = tf1.get_default_graph()
-    start = len(graph.get_operations())
     with contextlib.ExitStack() as stack:
       if not build_in_peers:
         stack.enter_context(sharing.built_once())
       result = _run_nested(fn, args, kwargs)
-    self.built_ops.update(graph.get_operations()[start:])
     self._calls.append(Call(api, stubs, result))
     return result
 

@@ -15,7 +15,8 @@ dtype and shape) and replaced, where the user reads it, by
 tower 0's `tf.compat.v1.summary.scalar` ops, and the attributes of tower 0's
 hooks that hold the tensor or its name (directly, or in a dict, list or
 tuple: `LoggingTensorHook`, a custom `SessionRunHook` that keeps
-`self.loss`). A shard statistic that is not a mean or a sum (a max, a ratio
+`self.loss`; per-example tensors and run-time fetches too: `hook_rewrites`).
+A shard statistic that is not a mean or a sum (a max, a ratio
 of two means) stays tower 0's and is warned about; non-scalar summaries
 (histograms, images) are tower 0's.
 """
@@ -30,6 +31,8 @@ import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import notices
+from estimator_multigpu.graph import hook_fetches
+from estimator_multigpu.graph import hook_rewrites
 from estimator_multigpu.graph import state_updates
 
 tf1 = tf.compat.v1
@@ -56,6 +59,13 @@ class OpRanges:
       yield
     finally:
       self.ops[index] = graph.get_operations()[start:]
+
+  def drop(self, ops: set) -> None:
+    """Forgets `ops` (readouts built once, in one tower only)."""
+    self.ops = {i: [op for op in tower if op not in ops]
+                for i, tower in self.ops.items()}
+    self._by_type.clear()
+    self._sets.clear()
 
   def in_tower(self, tensor: tf.Tensor, index: int) -> bool:
     """Whether tower `index` created `tensor`."""
@@ -119,6 +129,17 @@ class Readouts:
       return tf.math.add_n([tf.math.multiply_no_nan(
           p, tf.cast(w, p.dtype)) for p, w in zip(pieces, weights)])
 
+  def kind(self, tensor: tf.Tensor) -> Optional[str]:
+    """How tower 0's statistic combines over the towers: "loss" (by the
+    towers' loss weights), "mean", "sum", or None (it cannot)."""
+    tower0 = self._towers[0]
+    losses = [tower0.spec.loss] + list(
+        tower0.collections.get(tf1.GraphKeys.LOSSES, []))
+    if any(tensor is loss for loss in losses if loss is not None):
+      return "loss"
+    kind = dataflow.statistic_kind(tensor, self._analysis)
+    return kind if kind in (dataflow.MEAN, dataflow.SUM) else None
+
   def _weights(self, tensor: tf.Tensor) -> Optional[list]:
     tower0 = self._towers[0]
     losses = [tower0.spec.loss] + list(
@@ -161,52 +182,6 @@ def combine_summaries(readouts: Readouts, tower0,
       op._update_input(1, value)  # pylint: disable=protected-access
 
 
-def combine_hooks(readouts: Readouts, hooks) -> None:
-  """Hooks that hold a tower-0 statistic (or its name) get the combined."""
-  for hook in hooks or ():
-    what = f"{type(hook).__name__}"
-    for name, value in list(vars(hook).items()):
-      replaced = _replace(value, readouts, f"{what}.{name}")
-      if replaced is not value:
-        setattr(hook, name, replaced)
-
-
-def _replace(value, readouts: Readouts, what: str):
-  """`value` with combined tensors for tower 0's statistics (one level of
-  dict/list/tuple)."""
-  def combined(tensor):
-    new = readouts.combined(tensor, what)
-    return tensor if new is None else new
-  return _map_leaves(value, combined)
-
-
-def _map_leaves(value, fn):
-  """`value` with `fn` applied to its tensors (or tensor names), one level
-  of dict/list/tuple deep; `value` itself when nothing changed."""
-  if isinstance(value, dict):
-    new = {k: _map_leaf(v, fn) for k, v in value.items()}
-    return value if all(new[k] is value[k] for k in value) else new
-  if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-    new = [_map_leaf(v, fn) for v in value]
-    return value if all(a is b for a, b in zip(new, value)) else type(value)(
-        new)
-  return _map_leaf(value, fn)
-
-
-def _map_leaf(value, fn):
-  tensor = value
-  if isinstance(value, str):
-    try:
-      tensor = tf1.get_default_graph().as_graph_element(
-          value if ":" in value else value + ":0")
-    except (KeyError, ValueError, TypeError):
-      return value
-  if not isinstance(tensor, tf.Tensor):
-    return value
-  new = fn(tensor)
-  return value if new is tensor else new
-
-
 def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
             ranges: OpRanges, built: frozenset = frozenset()) -> None:
   """Tower 0's scalar summaries and hooks read the global batch's values
@@ -215,11 +190,12 @@ def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
     return
   readouts = Readouts(towers, shares, analysis, ranges)
   combine_summaries(readouts, towers[0], built)
+  fetches = hook_fetches.GlobalFetches(readouts, towers, shares, analysis,
+                                       ranges)
   spec = towers[0].spec
   for hooks in (spec.training_hooks, spec.training_chief_hooks,
-                spec.evaluation_hooks):
-    combine_hooks(readouts, hooks)
-    run_peer_collectives(hooks)
+                spec.evaluation_hooks, spec.prediction_hooks):
+    hook_rewrites.global_batch_hooks(fetches, hooks)
   for summary in towers[0].collections.get(tf1.GraphKeys.SUMMARIES, []):
     op = getattr(summary, "op", summary)
     peers = _peers([op])
@@ -229,26 +205,9 @@ def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
 
 def _peers(ops: list) -> list:
   """Towers 1..'s collectives matching those `ops` (tower 0's) reach: a
-  summary or a hook's tensor is fetched without the other towers' ops, and a
-  collective waits for every tower of its group (the 600 s timeout)."""
+  summary is fetched without the other towers' ops, and a collective waits
+  for every tower of its group (the 600 s timeout)."""
   return state_updates.peer_collectives(state_updates.ancestors(ops))
-
-
-def run_peer_collectives(hooks) -> None:
-  """Hooks' tensors that reach a cross-tower collective run it in every
-  tower: each becomes an identity that waits for the peers (after them, not
-  before: the peers need tower 0's collective to finish)."""
-  def with_peers(tensor):
-    peers = _peers([tensor])
-    if not peers:
-      return tensor
-    with tf.control_dependencies(peers):
-      return tf.identity(tensor)
-  for hook in hooks or ():
-    for name, value in list(vars(hook).items()):
-      replaced = _map_leaves(value, with_peers)
-      if replaced is not value:
-        setattr(hook, name, replaced)
 
 
 PREDICTION_FIX = (
