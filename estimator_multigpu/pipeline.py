@@ -20,6 +20,7 @@ from estimator_multigpu.graph import calling
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import ema as ema_lib
 from estimator_multigpu.graph import empty_shards
+from estimator_multigpu.graph import model_savers
 from estimator_multigpu.graph import nan_guard
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import precision as precision_lib
@@ -61,7 +62,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       spec = calling.call_model_fn(model_fn, features, labels, mode, params,
                                    config)
     specs_lib.publish_losses(spec.loss, [])
-    return _with_ema(spec, mode, options, plan.aggregation_device, config)
+    return model_savers.complete(
+        _with_ema(spec, mode, options, plan.aggregation_device, config))
   split = splitting.split_batch(
       features, labels, plan.num_towers, unsplit=options.unsplit_features,
       require_examples=mode in (ModeKeys.TRAIN, ModeKeys.EVAL))
@@ -111,7 +113,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
   spec = _with_ema(spec, mode, options, plan.aggregation_device, config,
                    applied=scaling.should_apply if scaling else None)
-  spec = _across_tasks(spec, cluster, plan, strategy.carried)
+  spec = _across_tasks(model_savers.complete(spec), cluster, plan,
+                       strategy.carried)
   return nan_guard.guard(spec, features, labels) if spec.train_op else spec
 
 
