@@ -32,6 +32,7 @@ from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.cluster import all_reduce_job
 from estimator_multigpu.cross_tower import context
 from estimator_multigpu.cross_tower import layers as sync_batch_norm
+from estimator_multigpu.cross_tower import regularization
 from estimator_multigpu.cross_tower import v1_losses
 from estimator_multigpu.strategies import allreduce
 from estimator_multigpu.update import accumulation
@@ -85,6 +86,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       tower_scopes=[ranges.scope_factory, empty_shards.scope_factory(split)] +
       ([precision.tower_scope] if precision else []) +
       ([canned.optimizer_scope] if mode == ModeKeys.TRAIN else []) +
+      _regularization_scopes(options, strategy) +
       _cross_tower_scopes(plan, split, mode, options))
   shares, analyses = _shares(split, examples), _analyses(split)
   if mode != ModeKeys.PREDICT:
@@ -276,6 +278,14 @@ def _check_strategy(plan: plan_lib.Plan, cluster, num_ps: int) -> None:
         f"{plan.strategy!r} strategy, all_reduce={plan.all_reduce!r}. Pass "
         "variable_update='auto' or 'replicated' (train.py --variable_update),"
         " and drop all_reduce='add_n'; or add ps tasks for 'shared'.")
+
+
+def _regularization_scopes(options: Options, strategy) -> list:
+  """With "sum" over towers that wait for each other: tower 0's
+  regularization counts alone (`cross_tower.regularization`)."""
+  return ([regularization.once_per_batch]
+          if options.loss_reduction == "sum" and strategy.waits_for_towers
+          else [])
 
 
 def _cross_tower_scopes(plan, split, mode, options: Options) -> list:
