@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from estimator_multigpu import options as options_lib
 from estimator_multigpu import strategies
+from estimator_multigpu.graph import batch_size_param
 from estimator_multigpu.graph import calling
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import ema as ema_lib
@@ -86,6 +87,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       tower_scopes=[ranges.scope_factory, empty_shards.scope_factory(split)] +
       ([precision.tower_scope] if precision else []) +
       ([canned.optimizer_scope] if mode == ModeKeys.TRAIN else []) +
+      [batch_size_param.scope_factory(params, split)] +
       _regularization_scopes(options, strategy) +
       _cross_tower_scopes(plan, split, mode, options))
   shares, analyses = _shares(split, examples), _analyses(split)
