@@ -98,7 +98,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
                                       analyses[0])
   if mode != ModeKeys.TRAIN:
     spec = specs_lib.merge_specs(towers, mode, shares=shares,
-                                 analyses=analyses)
+                                 analyses=analyses,
+                                 pad_value=options.prediction_pad_value)
   else:
     towers[0].deferred_dependencies += state_updates.reconcile(
         towers, split.shards[0])

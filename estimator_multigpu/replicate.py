@@ -31,7 +31,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               accumulate_steps: int = 1,
               mixed_precision: Optional[str] = None,
               sync_batch_norm: bool = False,
-              synchronization: str = "sync") -> Any:
+              synchronization: str = "sync",
+              prediction_pad_value: Any = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
   The global batch that `input_fn` yields is cut into one contiguous shard
@@ -137,7 +138,9 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       are NaN or Inf (one device: Estimator's bare NanLossDuringTrainingError).
     EVAL: the loss as in TRAIN; each metric one device's (rule 6).
     PREDICT: predictions and export outputs concatenated in input order
-      (batch-level ones through the cross-tower tools, rule 6).
+      (batch-level ones through the cross-tower tools, rule 6); other axes
+      that differ between towers are padded to the largest across towers
+      with `prediction_pad_value`.
     Export (`Estimator.export_saved_model`): one tower, no device placement,
       so the SavedModel serves on any machine at any batch size.
 
@@ -249,6 +252,11 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       float16.
     unsplit_features: keys of the features dict that are not batch-major
       (a vocabulary, a lookup table): every tower gets them whole.
+    prediction_pad_value: what pads a prediction whose other dimensions
+      differ between towers (decoded ids of the shard's longest sequence,
+      a shard's boxes) to the largest across towers, at the end of each
+      differing axis: None (0 for numbers, False for booleans, "" for
+      strings), one value, or a dict {prediction key: value}.
 
   Returns:
     The wrapped `model_fn(features, labels, mode, params, config)`.
@@ -267,7 +275,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       all_reduce=all_reduce, gradient_packing_bytes=gradient_packing_bytes,
       accumulate_steps=accumulate_steps, mixed_precision=mixed_precision,
       aggregation_device=aggregation_device,
-      sync_batch_norm=sync_batch_norm, synchronization=synchronization)
+      sync_batch_norm=sync_batch_norm, synchronization=synchronization,
+      prediction_pad_value=prediction_pad_value)
   if model_fn is None:
     return lambda fn: _wrap(fn, options)
   return _wrap(model_fn, options)
