@@ -88,7 +88,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       ([precision.tower_scope] if precision else []) +
       ([canned.optimizer_scope] if mode == ModeKeys.TRAIN else []) +
       [batch_size_param.scope_factory(params, split)] +
-      _regularization_scopes(options, strategy) +
+      _regularization_scopes(options, strategy, split) +
       _cross_tower_scopes(plan, split, mode, options))
   shares, analyses = _shares(split, examples), _analyses(split)
   if mode != ModeKeys.PREDICT:
@@ -283,12 +283,14 @@ def _check_strategy(plan: plan_lib.Plan, cluster, num_ps: int) -> None:
         " and drop all_reduce='add_n'; or add ps tasks for 'shared'.")
 
 
-def _regularization_scopes(options: Options, strategy) -> list:
-  """With "sum" over towers that wait for each other: tower 0's
-  regularization counts alone (`cross_tower.regularization`)."""
-  return ([regularization.once_per_batch]
-          if options.loss_reduction == "sum" and strategy.waits_for_towers
-          else [])
+def _regularization_scopes(options: Options, strategy, split) -> list:
+  """Towers 1.. see regularization so it counts once; with "sum" over
+  towers that wait for each other, tower 0's weight terms count alone
+  (`cross_tower.regularization`)."""
+  if len(split.shards) < 2:
+    return []
+  return [regularization.scope_factory(
+      split, options.loss_reduction == "sum" and strategy.waits_for_towers)]
 
 
 def _cross_tower_scopes(plan, split, mode, options: Options) -> list:

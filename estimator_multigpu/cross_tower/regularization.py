@@ -1,33 +1,37 @@
 """Regularization counted once per global batch, like one device.
 
-A regularization term r depends on the variables only, so every tower that
-adds it to its loss adds the same r. The towers' losses are combined as
-Σᵢ wᵢ·lossᵢ: with `loss_reduction="mean"` (wᵢ = nᵢ/n, Σᵢ wᵢ = 1) r counts
-once, as on one device; with `"sum"` (wᵢ = 1) it would count once per tower,
-in the loss and in the gradients. So with "sum", `once_per_batch` makes
-every regularization term of towers 1.. zero (r times 0, with a zero
-gradient) and tower 0's, which always has examples, counts alone:
+A weight regularization term r depends on the variables only (not on the
+shard: `dataflow.NONE`), so every tower that adds it to its loss adds the
+same r. The towers' losses are combined as Σᵢ wᵢ·lossᵢ: with
+`loss_reduction="mean"` (wᵢ = nᵢ/n, Σᵢ wᵢ = 1) r counts once, as on one
+device; with `"sum"` (wᵢ = 1) it would count once per tower, in the loss and
+in the gradients. So inside towers 1.. (`scope_factory`):
 
-- REGULARIZATION_LOSSES as the tower sees it (tower 0's terms, those of its
-  own copies with `variable_update="replicated"`), so
-  `tf.compat.v1.losses.get_regularization_loss(es)`, `get_total_loss()` and
-  the collection read directly all give the tower's term;
-- what the tower itself adds to REGULARIZATION_LOSSES
-  (`tf.compat.v1.losses.add_loss(decay, REGULARIZATION_LOSSES)`), when read
-  with `get_regularization_loss(es)` or `get_total_loss()`;
-- the weight regularizers of Keras layers and of `tf.compat.v1.layers`
-  (`kernel_regularizer=`, `layer.losses`), whatever the regularizer is.
+- With "sum", every weight term is zero (r times 0, with a zero gradient)
+  and tower 0's counts alone: the REGULARIZATION_LOSSES the tower sees
+  (`get_regularization_loss(es)`, `get_total_loss()`, the collection read
+  directly), what the tower adds there itself (a hand-written decay through
+  `tf.compat.v1.losses.add_loss(decay, REGULARIZATION_LOSSES)`, read with
+  `get_regularization_loss(es)` or `get_total_loss()`), and the weight
+  regularizers of Keras layers and `tf.compat.v1.layers`
+  (`kernel_regularizer=`, `layer.losses`) whatever the regularizer.
+- With shared variables a tower sees tower 0's weight terms (it reuses the
+  variables, so it does not create them again), but not the terms of tower
+  0's shard (an activity regularizer: the tower adds its own); a weight term
+  the tower adds again itself hides tower 0's (the same op type over the
+  same variables) from `get_regularization_loss(es)` and `get_total_loss()`,
+  so a hand-written decay counts once per tower, like the rest of its loss.
 
-A weight decay written by hand (`tf.add_n([tf.nn.l2_loss(v) for v in
-tf.compat.v1.trainable_variables()])`) and added to the loss directly is
-none of these: with "sum", add it with `tf.compat.v1.losses.add_loss(decay,
-tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)` and read it back with
-`get_regularization_loss()`.
+A weight decay written by hand and added to the loss directly
+(`loss + tf.add_n([tf.nn.l2_loss(v) for v in trainable_variables()])`)
+is none of these: with "sum", add it to REGULARIZATION_LOSSES and read it
+back with `get_regularization_loss()`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from typing import Callable, Optional
 
@@ -35,68 +39,136 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.cross_tower import patching
+from estimator_multigpu.graph import dataflow
 
 tf1 = tf.compat.v1
 _STATE = threading.local()
 _KEY = tf1.GraphKeys.REGULARIZATION_LOSSES
 
 
-def zeroed(term: Optional[tf.Tensor]) -> Optional[tf.Tensor]:
-  """`term` inside a tower whose regularization must not count, else
-  itself: 0 where it would be r (no NaN from an infinite r)."""
-  if term is None or not _zeroing():
-    return term
-  term = tf.convert_to_tensor(term)
-  return tf.math.multiply_no_nan(term, tf.zeros_like(term))
+@dataclasses.dataclass
+class _TowerView:
+  """What tower 1.. sees of REGULARIZATION_LOSSES."""
+  graph: tf.Graph
+  zero: bool  # weight terms are zero in this tower ("sum").
+  analysis: dataflow.ShardAnalysis  # the tower's own shard.
+  seen: list  # (tower 0's term, what the tower sees of it).
+  zeroed: set = dataclasses.field(default_factory=set)  # refs made here.
 
 
-def counted(regularizer: Optional[Callable]) -> Optional[Callable]:
-  """`regularizer`, whose terms are `zeroed` in such a tower."""
-  if regularizer is None or not _zeroing():
-    return regularizer
-  return lambda variable: zeroed(regularizer(variable))
+def scope_factory(split, zero_weight_terms: bool) -> Callable:
+  """Tower scopes: towers 1.. see regularization as the module doc says."""
+  analyses = {}
 
+  def analysis(index: int) -> dataflow.ShardAnalysis:
+    if index not in analyses:
+      leaves = dataflow.shard_leaves(split.shards[index])
+      analyses[index] = dataflow.ShardAnalysis(
+          leaves, dataflow.static_size(leaves))
+    return analyses[index]
 
-def _zeroing() -> bool:
-  return _innermost() is not None
-
-
-def _innermost() -> Optional[tuple]:
-  """(graph, the terms the tower saw on entry) of the innermost such
-  tower, when it is the default graph's."""
-  towers = getattr(_STATE, "towers", [])
-  if towers and towers[-1][0] is tf1.get_default_graph():
-    return towers[-1]
-  return None
+  def scope(tower):
+    if tower.index == 0:
+      return contextlib.nullcontext()
+    return _tower_view(zero_weight_terms, analysis(0), analysis(tower.index))
+  return scope
 
 
 @contextlib.contextmanager
-def once_per_batch(tower):
-  """Inside tower 1.. (`loss_reduction="sum"`): its regularization is 0."""
-  if tower.index == 0:
-    yield
-    return
+def _tower_view(zero: bool, shard0: dataflow.ShardAnalysis,
+                own: dataflow.ShardAnalysis):
   graph = tf1.get_default_graph()
   visible = graph.get_collection_ref(_KEY)
-  stack = _STATE.__dict__.setdefault("towers", [])
-  stack.append((graph, set()))
+  entry = list(visible)
+  weights = [t for t in map(_tensor, entry)
+             if shard0.status(t) == dataflow.NONE]
+  view = _TowerView(graph, zero, own, [])
+  stack = _STATE.__dict__.setdefault("views", [])
+  stack.append(view)
   try:
     with tf.name_scope("regularization_counted_once"):
-      visible[:] = [zeroed(term) for term in visible]
-    stack[-1][1].update(term.ref() for term in visible)
+      view.seen = [(t, _zeroed(view, t) if zero else t) for t in weights]
+    visible[:] = [shown for _, shown in view.seen]
     with _PATCH.scope():
       yield
   finally:
     stack.pop()
+    visible[:] = entry + visible[len(view.seen):]
+
+
+def _innermost() -> Optional[_TowerView]:
+  views = getattr(_STATE, "views", [])
+  if views and views[-1].graph is tf1.get_default_graph():
+    return views[-1]
+  return None
+
+
+def _tensor(term) -> tf.Tensor:
+  """A term as a graph tensor (`get_variable` adds lazily evaluated ones)."""
+  return term if hasattr(term, "ref") else tf.convert_to_tensor(term)
+
+
+def _zeroed(view: _TowerView, term: tf.Tensor) -> tf.Tensor:
+  """0 where `term` would be r (no NaN from an infinite r)."""
+  term = tf.convert_to_tensor(term)
+  if term.ref() in view.zeroed:
+    return term
+  zero = tf.math.multiply_no_nan(term, tf.zeros_like(term))
+  view.zeroed.add(zero.ref())
+  return zero
+
+
+def counted(regularizer: Optional[Callable]) -> Optional[Callable]:
+  """`regularizer`, whose terms are zero in a tower where weight terms are."""
+  view = _innermost()
+  if regularizer is None or view is None or not view.zero:
+    return regularizer
+
+  def zeroing(variable):
+    term = regularizer(variable)
+    return None if term is None else _zeroed(view, term)
+  return zeroing
 
 
 def _get_regularization_losses(scope=None) -> list:
-  """TensorFlow's, with the terms the tower added itself `zeroed`."""
+  """TensorFlow's, as the tower sees it (see the module doc)."""
   terms = _ORIGINAL["get_regularization_losses"](scope)
-  tower = _innermost()
-  if tower is None:
+  view = _innermost()
+  if view is None:
     return terms
-  return [term if term.ref() in tower[1] else zeroed(term) for term in terms]
+  terms = [_tensor(t) for t in terms]
+  shown = {s.ref() for _, s in view.seen}
+  again = [t for t in terms if t.ref() not in shown and
+           t.ref() not in view.zeroed and
+           view.analysis.status(t) == dataflow.NONE]
+  hidden = _counterparts(again, view.seen)
+  repeated = {t.ref() for t in again}
+  return [_zeroed(view, t) if view.zero and t.ref() in repeated else t
+          for t in terms if t.ref() not in hidden]
+
+
+def _counterparts(terms: list, seen: list) -> set:
+  """The refs of what the tower sees of tower 0's terms that `terms`
+  repeat: the same op type over the same variables, in order."""
+  variables = {v.op for v in tf1.global_variables() + tf1.local_variables()}
+  signature = lambda t: (t.op.type, t.dtype, frozenset(  # pylint: disable=g-long-lambda
+      dataflow.data_ancestors([t]) & variables))
+  hidden = set()
+  for term in terms:
+    for original, visible in seen:
+      if visible.ref() not in hidden and signature(original) == signature(
+          term):
+        hidden.add(visible.ref())
+        break
+  return hidden
+
+
+def _counting(original: Callable) -> Callable:
+  """Keras' `_handle_weight_regularization`, with the regularizer's terms
+  zero in a tower where weight terms are."""
+  def handle(layer, name, variable, regularizer):
+    return original(layer, name, variable, counted(regularizer))
+  return handle
 
 
 # Keras' Layer classes (graph mode builds `base_layer_v1`'s; the
@@ -104,14 +176,6 @@ def _get_regularization_losses(scope=None) -> list:
 # `_handle_weight_regularization`.
 _LAYERS = ("keras_base_layer", "keras_base_layer_v1")
 _ORIGINAL: dict = {}
-
-
-def _counting(original: Callable) -> Callable:
-  """Keras' `_handle_weight_regularization`, with the regularizer's terms
-  `zeroed` in such a tower."""
-  def handle(layer, name, variable, regularizer):
-    return original(layer, name, variable, counted(regularizer))
-  return handle
 
 
 def _install() -> None:
