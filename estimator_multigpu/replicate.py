@@ -121,7 +121,12 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   Shared and per tower: variables, optimizer slots, metric state, hooks and
   the scaffold exist once; ops, shards and batch statistics are per tower.
   Inside a tower, the LOSSES, UPDATE_OPS, SUMMARIES and REGULARIZATION_LOSSES
-  collections show only that tower's items, so `get_total_loss()` works.
+  collections show only that tower's items, so `get_total_loss()` works;
+  weight regularization counts once per global batch under either
+  `loss_reduction` (with "sum", towers 1.. see their weight terms as 0;
+  `cross_tower.regularization`). The Savers and Scaffold `init_op` a
+  model_fn builds also save and initialize what is created after them
+  (optimizer slots, EMA shadows: `graph.model_savers`).
   With variable_update="replicated", trainable variables and optimizer slots
   are per tower in TRAIN (towers 1.. hold local copies `tower_<i>/<name>`,
   and `trainable_variables()` inside a tower lists its own); the rest stays
