@@ -60,14 +60,17 @@ def make_model_fn(spelling, wrapped, ema=False):
   return model_fn
 
 
-def train_twice(model_fn, model_dir, session_config):
-  """Trains 2 steps, then 2 more in a new Estimator (a resume)."""
+def train_twice(model_fn, model_dir, session_config, max_to_keep_2=False):
+  """Trains 2 steps, then 2 more in a new Estimator (a resume); the
+  checkpoints kept are those of steps 0, 2 and 4, or the last 2."""
   config = tf.estimator.RunConfig(model_dir=model_dir,
                                   session_config=session_config,
                                   save_summary_steps=1000)
   for _ in range(2):
     est = tf.estimator.Estimator(model_fn, config=config)
     est.train(lambda: tf.data.Dataset.from_tensors((X, Y)).repeat(), steps=2)
+  kept = tf.train.get_checkpoint_state(model_dir).all_model_checkpoint_paths
+  assert len(kept) == (2 if max_to_keep_2 else 3)  # steps 0, 2, 4.
   reader = tf.train.load_checkpoint(est.latest_checkpoint())
   return {name: reader.get_tensor(name)
           for name in reader.get_variable_to_shape_map()}
@@ -81,7 +84,7 @@ def one_device(spelling, tmp_path_factory, session_config, ema):
   if key not in _ONE_DEVICE:
     fn = make_model_fn(spelling, wrapped=False, ema=ema)
     _ONE_DEVICE[key] = train_twice(fn, str(tmp_path_factory.mktemp("one")),
-                                   session_config)
+                                   session_config, spelling == "list")
   return _ONE_DEVICE[key]
 
 
@@ -104,7 +107,8 @@ def test_model_fn_saver_resumes_like_one_device(
   fn = emg.multi_gpu(make_model_fn(spelling, wrapped=True),
                      devices=[f"/cpu:{i}" for i in range(towers)],
                      variable_update=variable_update)
-  assert_same_checkpoint(train_twice(fn, str(tmp_path), session_config), want)
+  assert_same_checkpoint(train_twice(fn, str(tmp_path), session_config,
+                                     max_to_keep_2=spelling == "list"), want)
 
 
 @pytest.mark.parametrize("towers", [2])
@@ -117,3 +121,27 @@ def test_model_fn_saver_keeps_the_ema_shadows(towers, tmp_path,
                      devices=[f"/cpu:{i}" for i in range(towers)],
                      ema_decay=0.5)
   assert_same_checkpoint(train_twice(fn, str(tmp_path), session_config), want)
+
+
+def test_model_fn_saver_saves_what_the_default_one_does(tmp_path,
+                                                        session_config):
+  """With the package's own state (accumulation, EMA), the model_fn's Saver
+  writes the checkpoint the package's default Saver writes: the same
+  variables, the same values after a resume."""
+  options = dict(devices=["/cpu:0", "/cpu:1"], accumulate_steps=2,
+                 ema_decay=0.5, variable_update="replicated")
+  fns = {"own": make_model_fn("sharded", wrapped=True),
+         "default": _without_scaffold(make_model_fn("list", wrapped=True))}
+  runs = {name: train_twice(emg.multi_gpu(fn, **options),
+                            str(tmp_path / name), session_config)
+          for name, fn in fns.items()}
+  assert "feat/kernel/ExponentialMovingAverage" in runs["default"]
+  assert_same_checkpoint(runs["own"], runs["default"])
+
+
+def _without_scaffold(model_fn):
+  """The model_fn, returning an empty Scaffold (Estimator's own Saver)."""
+  def stripped(features, labels, mode):
+    return model_fn(features, labels, mode)._replace(
+        scaffold=tf1.train.Scaffold())
+  return stripped
