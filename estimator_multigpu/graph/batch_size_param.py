@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from typing import Any, Callable, Iterable, Optional
 
 import tensorflow as tf
@@ -65,10 +66,16 @@ def _checked(params: Any, split):
   start = len(graph.get_operations())
   try:
     yield
-  except (ValueError, TypeError):
+  except ValueError as error:
+    _check_failed_op(error, graph, split, batch)
     check(graph.get_operations()[start:], split, batch)
     raise
   check(graph.get_operations()[start:], split, batch)
+
+
+def _analysis(split) -> dataflow.ShardAnalysis:
+  leaves = dataflow.shard_leaves(split.shards[0])
+  return dataflow.ShardAnalysis(leaves, dataflow.static_size(leaves))
 
 
 def check(ops: Iterable[tf.Operation], split, batch: int) -> None:
@@ -77,12 +84,46 @@ def check(ops: Iterable[tf.Operation], split, batch: int) -> None:
   Raises:
     ValueError: naming the op, `params["batch_size"]` and `tf.shape(x)[0]`.
   """
-  leaves = dataflow.shard_leaves(split.shards[0])
-  analysis = dataflow.ShardAnalysis(leaves, dataflow.static_size(leaves))
+  analysis = _analysis(split)
   for op in ops:
-    what = _batch_dimension_use(op, batch, analysis)
+    if not op.outputs or _leading(op.outputs[0]) != batch:
+      continue
+    what = _batch_dimension_use(op.type, list(op.inputs), batch, analysis,
+                                target=op.outputs[0].shape)
     if what:
       raise ValueError(_message(what, batch, len(split.shards)))
+
+
+# TensorFlow's shape-inference error names the op it could not create and
+# its inputs: "... for '{{node basic_rnn_cell/concat}} = ConcatV2[...]
+# (strided_slice, BasicRNNCellZeroState/zeros, ...)' with input shapes ...".
+_FAILED_NODE = re.compile(r"\{\{node [^}]*\}\} = (\w+)\[.*?\]\(([^)]*)\)")
+
+
+def _check_failed_op(error: ValueError, graph: tf.Graph, split,
+                     batch: int) -> None:
+  """With static shard sizes the offending op fails to build: its inputs,
+  which exist, are looked at the same way."""
+  match = _FAILED_NODE.search(str(error))
+  if not match:
+    return
+  inputs = []
+  for name in (n.strip() for n in match.group(2).split(",")):
+    if name and not name.startswith("^"):
+      try:
+        inputs.append(graph.as_graph_element(name if ":" in name
+                                             else name + ":0"))
+      except (KeyError, ValueError):
+        return
+  target = None
+  if match.group(1) == "Reshape" and len(inputs) == 2:
+    target = tf.get_static_value(inputs[1])
+    target = None if target is None else tf.TensorShape(
+        [d if d >= 0 else None for d in target.tolist()])
+  what = _batch_dimension_use(match.group(1), inputs, batch,
+                              _analysis(split), target=target)
+  if what:
+    raise ValueError(_message(what, batch, len(split.shards))) from error
 
 
 def _leading(tensor: tf.Tensor) -> Optional[int]:
@@ -92,24 +133,25 @@ def _leading(tensor: tf.Tensor) -> Optional[int]:
   return shape[0]
 
 
-def _batch_dimension_use(op: tf.Operation, batch: int,
-                         analysis: dataflow.ShardAnalysis) -> Optional[str]:
-  """What `op` does with `batch` as a batch dimension, or None."""
-  if not op.outputs or _leading(op.outputs[0]) != batch:
-    return None
-  rows = [t for t in op.inputs
-          if analysis.is_rows(t) and _leading(t) != batch]
+def _batch_dimension_use(op_type: str, inputs: list, batch: int,
+                         analysis: dataflow.ShardAnalysis,
+                         target: Optional[tf.TensorShape]) -> Optional[str]:
+  """What an op of `op_type` does with `batch` as a batch dimension, or
+  None; `target`: its output's shape (a Reshape's target), if known."""
+  rows = [t for t in inputs if analysis.is_rows(t) and _leading(t) != batch]
   if not rows:
     return None
-  if op.type == "Reshape" and op.inputs[0] is rows[0]:
+  if op_type == "Reshape" and inputs[0] is rows[0]:
+    if target is None or not target.rank or target[0] != batch:
+      return None
     return (f"reshapes the shard's per-example values (shape "
-            f"{rows[0].shape}) to {op.outputs[0].shape}")
-  made = [t for t in op.inputs if _leading(t) == batch and
+            f"{rows[0].shape}) to {target}")
+  made = [t for t in inputs if _leading(t) == batch and
           analysis.status(t) == dataflow.NONE]
   if not made:
     return None
   return (f"joins the shard's per-example values (shape {rows[0].shape}) "
-          f"with a tensor of shape {made[0].shape} in a {op.type}")
+          f"with a tensor of shape {made[0].shape} in a {op_type}")
 
 
 def _message(what: str, batch: int, num_towers: int) -> str:

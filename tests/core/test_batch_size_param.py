@@ -46,25 +46,31 @@ def make_model_fn(spelling):
   return model_fn
 
 
-def build(model_fn, towers, session_config, batch=7, **options):
-  """Builds the wrapped TRAIN graph (batch size unknown until run time)."""
+def build(model_fn, towers, session_config, batch=7, static=False,
+          **options):
+  """Builds the wrapped TRAIN graph (batch size unknown until run time,
+  or `static`: a batch of 7, as TPU-era input_fns with drop_remainder)."""
+  size = 7 if static else None
   with tf.Graph().as_default():
     fn = emg.multi_gpu(model_fn, devices=harness.cpu_devices(towers),
                        **options)
-    fn(tf1.placeholder(tf.float32, [None, 6]),
-       tf1.placeholder(tf.float32, [None, 1]), TRAIN,
+    fn(tf1.placeholder(tf.float32, [size, 6]),
+       tf1.placeholder(tf.float32, [size, 1]), TRAIN,
        params={"batch_size": batch},
        config=harness.config_for(session_config))
 
 
-@pytest.mark.parametrize("spelling,towers,variable_update", [
-    ("reshape", 2, "shared"), ("reshape_minus_one", 3, "replicated"),
-    ("zero_state", 3, "shared"), ("zero_state", 2, "replicated"),
-    ("zeros", 2, "shared"), ("fill", 3, "shared")])
+@pytest.mark.parametrize("spelling,towers,variable_update,static", [
+    ("reshape", 2, "shared", False), ("reshape_minus_one", 3, "replicated",
+                                      False),
+    ("zero_state", 3, "shared", False), ("zero_state", 2, "replicated", False),
+    ("zeros", 2, "shared", False), ("fill", 3, "shared", False),
+    ("reshape", 3, "shared", True), ("zero_state", 2, "shared", True),
+    ("zeros", 3, "replicated", True), ("fill", 2, "shared", True)])
 def test_batch_size_param_as_batch_dimension_is_refused(
-    spelling, towers, variable_update, session_config):
+    spelling, towers, variable_update, static, session_config):
   with pytest.raises(ValueError) as raised:
-    build(make_model_fn(spelling), towers, session_config,
+    build(make_model_fn(spelling), towers, session_config, static=static,
           variable_update=variable_update)
   message = str(raised.value)
   assert "\n" not in message
