@@ -56,14 +56,15 @@ def pad_value_for(option: PadValue, key: Optional[str]) -> Any:
 
 def pad_to_largest(pieces: list, pad_value: Any, name: str) -> list:
   """The towers' `pieces`, each padded on every axis ≥ 1 that may differ
-  to the largest across towers.
+  to the largest across towers (unchanged when a rank is unknown: then
+  they are joined as they are).
 
   Raises:
     ValueError: the pieces' ranks differ, or `pad_value` does not fit their
       dtype (the message names the prediction).
   """
   rank = _common_rank(pieces, name)
-  axes = [axis for axis in range(1, rank) if _may_differ(pieces, axis)]
+  axes = [axis for axis in range(1, rank or 0) if _may_differ(pieces, axis)]
   if not axes:
     return pieces
   with tf.name_scope("pad_to_largest"):
@@ -82,16 +83,17 @@ def _padded(piece, shape, largest, axes, value):
   return tf.pad(piece, paddings, constant_values=value)
 
 
-def _common_rank(pieces: list, name: str) -> int:
+def _common_rank(pieces: list, name: str) -> Optional[int]:
+  """The pieces' rank; None when some rank is unknown."""
   ranks = [piece.shape.rank for piece in pieces]
-  if None in ranks or len(set(ranks)) > 1:
+  known = {rank for rank in ranks if rank is not None}
+  if len(known) > 1:
     raise ValueError(
-        f"The model_fn's `{name}` has rank {ranks[0]} in tower 0 and ranks "
-        f"{ranks} over the towers (None: unknown); `multi_gpu` joins the "
-        "towers' predictions along axis 0 and pads other axes, so each must "
-        "have the same, known rank in every tower. Give it a static rank "
-        "(tf.ensure_shape(x, [None, None]) for a 2-D one).")
-  return ranks[0]
+        f"The model_fn's `{name}` has ranks {ranks} in towers 0.. (None: "
+        "unknown); `multi_gpu` joins the towers' predictions along axis 0 "
+        "and pads other axes that differ, so each must have the same rank in "
+        "every tower.")
+  return None if None in ranks else ranks[0]
 
 
 def _may_differ(pieces: list, axis: int) -> bool:

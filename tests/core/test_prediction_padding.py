@@ -101,3 +101,41 @@ def test_a_pad_value_of_the_wrong_kind_names_the_prediction():
 def test_prediction_pad_value_is_checked_when_wrapping(value):
   with pytest.raises(TypeError, match="prediction_pad_value"):
     emg.multi_gpu(model_fn, devices=2, prediction_pad_value=value)
+
+
+def test_predictions_of_unknown_rank_are_joined_as_they_are():
+  def unknown_rank(features, labels, mode):
+    del labels
+    ids = tf1.placeholder_with_default(features["start"], shape=None)
+    return tf.estimator.EstimatorSpec(mode, predictions={"ids": ids})
+
+  with tf.Graph().as_default():
+    fn = emg.multi_gpu(unknown_rank, devices=harness.cpu_devices(2))
+    config = emg.make_session_config(num_cpus=4)
+    spec = harness.call(fn, {"start": tf.constant(STARTS)}, None, PREDICT,
+                        config)
+    with tf1.Session(config=config) as session:
+      np.testing.assert_array_equal(session.run(spec.predictions["ids"]),
+                                    STARTS)
+
+
+@pytest.mark.parametrize("towers", [3])
+def test_estimator_predict_yields_each_examples_own_ids(towers, run_config):
+  """Estimator.predict in batches of 4 (the last one of 3 examples)."""
+  def input_fn():
+    return tf.data.Dataset.from_tensor_slices(
+        {"start": STARTS, "length": LENGTHS}).batch(4)
+
+  def predict_all(fn):
+    est = tf.estimator.Estimator(fn, config=run_config)
+    return list(est.predict(input_fn, yield_single_examples=True))
+
+  want = predict_all(model_fn)
+  got = predict_all(emg.multi_gpu(model_fn,
+                                  devices=harness.cpu_devices(towers)))
+  assert len(got) == len(want) == 7
+  for mine, theirs in zip(got, want):
+    length = theirs["length"]
+    for key in ("ids", "boxes", "words"):
+      np.testing.assert_array_equal(mine[key][:length], theirs[key][:length],
+                                    err_msg=key)
