@@ -24,8 +24,10 @@ in the gradients. So inside towers 1.. (`scope_factory`):
 
 A weight decay written by hand and added to the loss directly
 (`loss + tf.add_n([tf.nn.l2_loss(v) for v in trainable_variables()])`)
-is none of these: with "sum", add it to REGULARIZATION_LOSSES and read it
-back with `get_regularization_loss()`.
+is none of these: with "sum" it would count once per tower, so a term of
+tower 1's loss computed from the variables only, and from none of the terms
+above, is a WARNING (found from the dataflow) naming the fix: add it to
+REGULARIZATION_LOSSES and read it back with `get_regularization_loss()`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import dataclasses
 import threading
 from typing import Callable, Optional
 
+from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu import compat
@@ -44,6 +47,9 @@ from estimator_multigpu.graph import dataflow
 tf1 = tf.compat.v1
 _STATE = threading.local()
 _KEY = tf1.GraphKeys.REGULARIZATION_LOSSES
+# The zero terms made here (a loss term built from one is counted once).
+ZEROED = "estimator_multigpu_zeroed_regularization"
+_SUMS = frozenset({"Add", "AddV2", "AddN", "Identity"})
 
 
 @dataclasses.dataclass
@@ -70,12 +76,13 @@ def scope_factory(split, zero_weight_terms: bool) -> Callable:
   def scope(tower):
     if tower.index == 0:
       return contextlib.nullcontext()
-    return _tower_view(zero_weight_terms, analysis(0), analysis(tower.index))
+    return _tower_view(tower, zero_weight_terms, analysis(0),
+                       analysis(tower.index))
   return scope
 
 
 @contextlib.contextmanager
-def _tower_view(zero: bool, shard0: dataflow.ShardAnalysis,
+def _tower_view(tower, zero: bool, shard0: dataflow.ShardAnalysis,
                 own: dataflow.ShardAnalysis):
   graph = tf1.get_default_graph()
   visible = graph.get_collection_ref(_KEY)
@@ -91,9 +98,46 @@ def _tower_view(zero: bool, shard0: dataflow.ShardAnalysis,
     visible[:] = [shown for _, shown in view.seen]
     with _PATCH.scope():
       yield
+    if zero and tower.index == 1:
+      _warn_per_tower_terms(getattr(tower.output, "loss", None), own)
   finally:
     stack.pop()
     visible[:] = entry + visible[len(view.seen):]
+
+
+def _warn_per_tower_terms(loss: Optional[tf.Tensor],
+                          analysis: dataflow.ShardAnalysis) -> None:
+  """Warns about a term of `loss` computed from the variables only and from
+  none of the zero terms: with "sum" it counts once per tower."""
+  if loss is None:
+    return
+  variables = {v.op for v in tf1.global_variables() + tf1.local_variables()}
+  zeroed = {t.op for t in tf1.get_collection(ZEROED)}
+  for term in _summands(loss):
+    ancestors = dataflow.data_ancestors([term])
+    if (analysis.status(term) == dataflow.NONE and ancestors & variables
+        and not ancestors & zeroed):
+      logging.warning(
+          "multi_gpu(loss_reduction='sum'): the loss adds a term computed "
+          "from the variables only (%s, a weight decay written by hand?) "
+          "that is not in REGULARIZATION_LOSSES, so it counts once per tower "
+          "in the loss and the gradients. Add it with tf.compat.v1.losses."
+          "add_loss(term, tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES) and "
+          "add tf.compat.v1.losses.get_regularization_loss() to the loss: "
+          "multi_gpu counts that once.", term.op.type)
+      return
+
+
+def _summands(loss: tf.Tensor) -> list:
+  """The terms `loss` adds up (through Add, AddN, Identity)."""
+  terms, stack = [], [loss]
+  while stack:
+    tensor = stack.pop()
+    if tensor.op.type in _SUMS:
+      stack.extend(tensor.op.inputs)
+    else:
+      terms.append(tensor)
+  return terms
 
 
 def _innermost() -> Optional[_TowerView]:
@@ -115,6 +159,7 @@ def _zeroed(view: _TowerView, term: tf.Tensor) -> tf.Tensor:
     return term
   zero = tf.math.multiply_no_nan(term, tf.zeros_like(term))
   view.zeroed.add(zero.ref())
+  tf1.add_to_collection(ZEROED, zero)
   return zero
 
 

@@ -81,9 +81,9 @@ SPELLINGS = {"layers": _layers_loss, "get_variable": _get_variable_loss,
              "activity": _activity_loss}
 
 
-def make_model_fn(spelling, reduction):
+def make_model_fn(loss_fn, reduction):
   def model_fn(features, labels, mode):
-    loss = SPELLINGS[spelling](features, labels, reduction)
+    loss = loss_fn(features, labels, reduction)
     opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.05))
     train_op = opt.minimize(loss, tf1.train.get_or_create_global_step())
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
@@ -99,10 +99,35 @@ def test_regularization_counts_once(spelling, reduction, towers,
   if spelling == "activity" and reduction == "sum":
     pytest.skip("an activity regularizer is a mean over the shard (Keras "
                 "divides by its batch size): not a term of a summed loss")
-  fn = make_model_fn(spelling, reduction)
+  fn = make_model_fn(SPELLINGS[spelling], reduction)
   want, want_loss = harness.train(fn, X, Y, 2, session_config)
   got, got_loss = harness.train(fn, X, Y, 2, session_config,
                                 num_towers=towers, loss_reduction=reduction,
                                 variable_update=variable_update)
   assert abs(got_loss - want_loss) < 1e-5 * max(1.0, abs(want_loss))
   harness.assert_same_variables(got, want)
+
+
+def _by_hand_loss(features, labels, reduction):
+  """A weight decay written by hand, added to the loss directly."""
+  w = tf1.get_variable("w", [3, 2], initializer=INIT)
+  decay = 0.15 * tf.add_n([tf.nn.l2_loss(v)
+                           for v in tf1.trainable_variables()])
+  return _data_loss(labels, features @ w, reduction) + decay
+
+
+@pytest.mark.parametrize("loss_fn,warned", [(_by_hand_loss, True),
+                                            (_layers_loss, False),
+                                            (_keras_loss, False)])
+def test_a_decay_added_by_hand_under_sum_is_a_warning(loss_fn, warned,
+                                                      session_config,
+                                                      caplog):
+  with tf.Graph().as_default():
+    harness.call(emg.multi_gpu(make_model_fn(loss_fn, "sum"),
+                               devices=harness.cpu_devices(2),
+                               loss_reduction="sum"),
+                 tf.constant(X), tf.constant(Y),
+                 tf.estimator.ModeKeys.TRAIN, session_config)
+  messages = [r.getMessage() for r in caplog.records
+              if "REGULARIZATION_LOSSES" in r.getMessage()]
+  assert bool(messages) == warned, messages
