@@ -29,13 +29,17 @@ tf1 = tf.compat.v1
 def complete(spec: tf.estimator.EstimatorSpec) -> tf.estimator.EstimatorSpec:
   """`spec` whose scaffold's Saver, init_op and SAVERS cover every variable
   created after them."""
+  savers = tf1.get_collection_ref(tf1.GraphKeys.SAVERS)
+  scaffold = spec.scaffold
+  own = scaffold is not None and (scaffold.saver is not None or
+                                  scaffold.init_op is not None)
+  if not savers and not own:
+    return spec
   order = _creation_order()
   replaced = {}
-  savers = tf1.get_collection_ref(tf1.GraphKeys.SAVERS)
   for index, saver in enumerate(savers):
     replaced[id(saver)] = savers[index] = _completed_saver(saver, order)
-  scaffold = spec.scaffold
-  if scaffold is None or (scaffold.saver is None and scaffold.init_op is None):
+  if not own:
     return spec
   saver = scaffold.saver
   if saver is not None:
