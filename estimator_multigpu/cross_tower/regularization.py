@@ -64,20 +64,12 @@ class _TowerView:
 
 def scope_factory(split, zero_weight_terms: bool) -> Callable:
   """Tower scopes: towers 1.. see regularization as the module doc says."""
-  analyses = {}
-
-  def analysis(index: int) -> dataflow.ShardAnalysis:
-    if index not in analyses:
-      leaves = dataflow.shard_leaves(split.shards[index])
-      analyses[index] = dataflow.ShardAnalysis(
-          leaves, dataflow.static_size(leaves))
-    return analyses[index]
-
   def scope(tower):
     if tower.index == 0:
       return contextlib.nullcontext()
-    return _tower_view(tower, zero_weight_terms, analysis(0),
-                       analysis(tower.index))
+    return _tower_view(tower, zero_weight_terms,
+                       dataflow.shard_analysis(split.shards[0]),
+                       dataflow.shard_analysis(split.shards[tower.index]))
   return scope
 
 

@@ -73,18 +73,13 @@ def _checked(params: Any, split):
   check(graph.get_operations()[start:], split, batch)
 
 
-def _analysis(split) -> dataflow.ShardAnalysis:
-  leaves = dataflow.shard_leaves(split.shards[0])
-  return dataflow.ShardAnalysis(leaves, dataflow.static_size(leaves))
-
-
 def check(ops: Iterable[tf.Operation], split, batch: int) -> None:
   """Raises when tower 0's `ops` use `batch` as a batch dimension.
 
   Raises:
     ValueError: naming the op, `params["batch_size"]` and `tf.shape(x)[0]`.
   """
-  analysis = _analysis(split)
+  analysis = dataflow.shard_analysis(split.shards[0])
   for op in ops:
     if not op.outputs or _leading(op.outputs[0]) != batch:
       continue
@@ -121,7 +116,8 @@ def _check_failed_op(error: ValueError, graph: tf.Graph, split,
     target = None if target is None else tf.TensorShape(
         [d if d >= 0 else None for d in target.tolist()])
   what = _batch_dimension_use(match.group(1), inputs, batch,
-                              _analysis(split), target=target)
+                              dataflow.shard_analysis(split.shards[0]),
+                              target=target)
   if what:
     raise ValueError(_message(what, batch, len(split.shards))) from error
 

@@ -185,3 +185,9 @@ def static_size(leaves: list) -> Optional[int]:
     if leaf.shape.rank and leaf.shape[0] is not None:
       return int(leaf.shape[0])
   return None
+
+
+def shard_analysis(shard) -> ShardAnalysis:
+  """A `ShardAnalysis` of one tower's shard (features, labels)."""
+  leaves = shard_leaves(shard)
+  return ShardAnalysis(leaves, static_size(leaves))
