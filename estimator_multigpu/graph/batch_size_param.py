@@ -19,7 +19,10 @@ tower 0's graph from the dataflow and refuses it in one line naming
   leading dimension is B.
 
 Both need B ≥ 2 and several towers; B comes from `params["batch_size"]`
-(an int), and nothing else is looked at.
+(an int), and nothing else is looked at. With static shard sizes (an
+`input_fn` with `drop_remainder=True`) TensorFlow cannot build such an op at
+all: its shape-inference error names the op and its inputs, which exist and
+are judged by the same rules (`_check_failed_op`).
 """
 
 from __future__ import annotations
