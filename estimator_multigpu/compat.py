@@ -83,7 +83,8 @@ INTERNALS = {
         _TF + "ops.losses.losses_impl",
         ("compute_weighted_loss", "_safe_mean"),
         "tf.compat.v1.losses over the global batch"),
-    "losses_util": Internal(_TF + "ops.losses.util", ("add_loss",),
+    "losses_util": Internal(_TF + "ops.losses.util",
+                            ("add_loss", "get_regularization_losses"),
                             "tf.compat.v1.losses over the global batch"),
     "variable_scope": Internal(
         _TF + "ops.variable_scope",
@@ -108,6 +109,12 @@ INTERNALS = {
     "keras_metrics_utils": Internal(
         "{keras}.src.utils.metrics_utils", ("update_state_wrapper",),
         "Keras metrics built once from the global batch"),
+    "keras_base_layer": Internal(
+        "{keras}.src.engine.base_layer", ("Layer",),
+        "regularization counted once (loss_reduction='sum')"),
+    "keras_base_layer_v1": Internal(
+        "{keras}.src.engine.base_layer_v1", ("Layer",),
+        "regularization counted once (graph-mode Keras layers)"),
     "keras_v1_layers": Internal(
         "{keras}.api._v1.keras.__internal__.legacy.layers",
         ("BatchNormalization", "batch_normalization"),

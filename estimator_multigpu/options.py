@@ -16,6 +16,7 @@ from estimator_multigpu.strategies import allreduce
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu.graph import precision
 from estimator_multigpu.graph import plan as plan_lib
+from estimator_multigpu.graph import prediction_padding
 from estimator_multigpu import strategies
 LOSS_REDUCTIONS = ("mean", "sum")
 
@@ -38,6 +39,7 @@ class Options:
   sync_batch_norm: bool = False
   synchronization: str = "sync"
   packing_given: bool = False  # `gradient_packing_bytes` was given.
+  prediction_pad_value: prediction_padding.PadValue = None
 
   @property
   def needs_towers(self) -> bool:
@@ -56,7 +58,8 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
                   variable_update, unsplit_features=(), all_reduce=None,
                   gradient_packing_bytes=None, accumulate_steps=1,
                   mixed_precision=None, sync_batch_norm=False,
-                  synchronization="sync") -> Options:
+                  synchronization="sync",
+                  prediction_pad_value=None) -> Options:
   """Validates the decorator's options; messages say how to fix them.
 
   Raises:
@@ -102,7 +105,9 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
       mixed_precision=precision.check_mixed_precision(
           mixed_precision),
       sync_batch_norm=sync_batch_norm,
-      synchronization=synchronization)
+      synchronization=synchronization,
+      prediction_pad_value=prediction_padding.check_pad_value(
+          prediction_pad_value))
 
 
 def _check_synchronization(synchronization, variable_update,

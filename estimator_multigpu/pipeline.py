@@ -16,11 +16,13 @@ import tensorflow as tf
 
 from estimator_multigpu import options as options_lib
 from estimator_multigpu import strategies
+from estimator_multigpu.graph import batch_size_param
 from estimator_multigpu.graph import calling
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import ema as ema_lib
 from estimator_multigpu.graph import empty_shards
 from estimator_multigpu.graph import global_calls
+from estimator_multigpu.graph import model_savers
 from estimator_multigpu.graph import nan_guard
 from estimator_multigpu.graph import notices
 from estimator_multigpu.graph import plan as plan_lib
@@ -33,6 +35,7 @@ from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.cluster import all_reduce_job
 from estimator_multigpu.cross_tower import context
 from estimator_multigpu.cross_tower import layers as sync_batch_norm
+from estimator_multigpu.cross_tower import regularization
 from estimator_multigpu.cross_tower import v1_losses
 from estimator_multigpu.strategies import allreduce
 from estimator_multigpu.update import accumulation
@@ -72,7 +75,8 @@ def _build_spec(model_fn, options: Options, features, labels, mode, params,
       spec = calling.call_model_fn(model_fn, features, labels, mode, params,
                                    config)
     specs_lib.publish_losses(spec.loss, [])
-    return _with_ema(spec, mode, options, plan.aggregation_device, config)
+    return model_savers.complete(
+        _with_ema(spec, mode, options, plan.aggregation_device, config))
   split = splitting.split_batch(
       features, labels, plan.num_towers, unsplit=options.unsplit_features,
       require_examples=mode in (ModeKeys.TRAIN, ModeKeys.EVAL))
@@ -97,6 +101,8 @@ def _build_spec(model_fn, options: Options, features, labels, mode, params,
                     recorder.scope] +
       ([precision.tower_scope] if precision else []) +
       ([canned.optimizer_scope] if mode == ModeKeys.TRAIN else []) +
+      [batch_size_param.scope_factory(params, split)] +
+      _regularization_scopes(options, strategy, split) +
       _cross_tower_scopes(plan, split, mode, options))
   recorder.bind(towers, shares)
   ranges.drop(recorder.built_ops)
@@ -107,7 +113,8 @@ def _build_spec(model_fn, options: Options, features, labels, mode, params,
   if mode != ModeKeys.TRAIN:
     spec = specs_lib.merge_specs(towers, mode, shares=shares,
                                  analyses=analyses,
-                                 built=recorder.built_ops)
+                                 built=recorder.built_ops,
+                                 pad_value=options.prediction_pad_value)
   else:
     towers[0].deferred_dependencies += state_updates.reconcile(
         towers, split.shards[0])
@@ -126,7 +133,8 @@ def _build_spec(model_fn, options: Options, features, labels, mode, params,
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
   spec = _with_ema(spec, mode, options, plan.aggregation_device, config,
                    applied=scaling.should_apply if scaling else None)
-  spec = _across_tasks(spec, cluster, plan, strategy.carried)
+  spec = _across_tasks(model_savers.complete(spec), cluster, plan,
+                       strategy.carried)
   return nan_guard.guard(spec, features, labels) if spec.train_op else spec
 
 
@@ -288,6 +296,16 @@ def _check_strategy(plan: plan_lib.Plan, cluster, num_ps: int) -> None:
         f"{plan.strategy!r} strategy, all_reduce={plan.all_reduce!r}. Pass "
         "variable_update='auto' or 'replicated' (train.py --variable_update),"
         " and drop all_reduce='add_n'; or add ps tasks for 'shared'.")
+
+
+def _regularization_scopes(options: Options, strategy, split) -> list:
+  """Towers 1.. see regularization so it counts once; with "sum" over
+  towers that wait for each other, tower 0's weight terms count alone
+  (`cross_tower.regularization`)."""
+  if len(split.shards) < 2:
+    return []
+  return [regularization.scope_factory(
+      split, options.loss_reduction == "sum" and strategy.waits_for_towers)]
 
 
 def _cross_tower_scopes(plan, split, mode, options: Options) -> list:

@@ -31,7 +31,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               accumulate_steps: int = 1,
               mixed_precision: Optional[str] = None,
               sync_batch_norm: bool = False,
-              synchronization: str = "sync") -> Any:
+              synchronization: str = "sync",
+              prediction_pad_value: Any = None) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
   The global batch that `input_fn` yields is cut into one contiguous shard
@@ -125,7 +126,12 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   Shared and per tower: variables, optimizer slots, metric state, hooks and
   the scaffold exist once; ops, shards and batch statistics are per tower.
   Inside a tower, the LOSSES, UPDATE_OPS, SUMMARIES and REGULARIZATION_LOSSES
-  collections show only that tower's items, so `get_total_loss()` works.
+  collections show only that tower's items, so `get_total_loss()` works;
+  weight regularization counts once per global batch under either
+  `loss_reduction` (with "sum", towers 1.. see their weight terms as 0;
+  `cross_tower.regularization`). The Savers and Scaffold `init_op` a
+  model_fn builds also save and initialize what is created after them
+  (optimizer slots, EMA shadows: `graph.model_savers`).
   With variable_update="replicated", trainable variables and optimizer slots
   are per tower in TRAIN (towers 1.. hold local copies `tower_<i>/<name>`,
   and `trainable_variables()` inside a tower lists its own); the rest stays
@@ -142,7 +148,9 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       are NaN or Inf (one device: Estimator's bare NanLossDuringTrainingError).
     EVAL: the loss as in TRAIN; each metric one device's (rule 6).
     PREDICT: predictions and export outputs concatenated in input order
-      (batch-level ones through the cross-tower tools, rule 6).
+      (batch-level ones through the cross-tower tools, rule 6); other axes
+      that differ between towers are padded to the largest across towers
+      with `prediction_pad_value`.
     Export (`Estimator.export_saved_model`): one tower, no device placement,
       so the SavedModel serves on any machine at any batch size.
 
@@ -254,6 +262,11 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       float16.
     unsplit_features: keys of the features dict that are not batch-major
       (a vocabulary, a lookup table): every tower gets them whole.
+    prediction_pad_value: what pads a prediction whose other dimensions
+      differ between towers (decoded ids of the shard's longest sequence,
+      a shard's boxes) to the largest across towers, at the end of each
+      differing axis: None (0 for numbers, False for booleans, "" for
+      strings), one value, or a dict {prediction key: value}.
 
   Returns:
     The wrapped `model_fn(features, labels, mode, params, config)`.
@@ -272,7 +285,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       all_reduce=all_reduce, gradient_packing_bytes=gradient_packing_bytes,
       accumulate_steps=accumulate_steps, mixed_precision=mixed_precision,
       aggregation_device=aggregation_device,
-      sync_batch_norm=sync_batch_norm, synchronization=synchronization)
+      sync_batch_norm=sync_batch_norm, synchronization=synchronization,
+      prediction_pad_value=prediction_pad_value)
   if model_fn is None:
     return lambda fn: _wrap(fn, options)
   return _wrap(model_fn, options)

@@ -326,3 +326,7 @@ def is_count(tensor: tf.Tensor, analysis: ShardAnalysis) -> bool:
           op.get_attr("shrink_axis_mask") == 1 and
           analysis.status(op.inputs[0].op.inputs[0]) == ROWS and
           tensor.shape.rank == 0)
+def shard_analysis(shard) -> ShardAnalysis:
+  """A `ShardAnalysis` of one tower's shard (features, labels)."""
+  leaves = shard_leaves(shard)
+  return ShardAnalysis(leaves, static_size(leaves))

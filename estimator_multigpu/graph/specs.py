@@ -3,7 +3,9 @@
 - loss: Σ wᵢ · lossᵢ with wᵢ = nᵢ / n ("mean") or 1 ("sum"); an empty shard's
   loss (NaN for a mean over nothing) adds exactly 0.
 - predictions and export outputs: concatenated along axis 0, in tower order,
-  which is input order.
+  which is input order; other axes that differ between towers (decoded ids
+  of the shard's longest sequence) are padded to the largest across towers
+  (`prediction_padding`, the `prediction_pad_value` option).
 - eval metrics: the towers share their metric state variables (see
   `sharing.VariableSharing`), so every tower's update adds into one total; the
   merged metric is tower 0's value with all towers' updates, weighted or
@@ -22,6 +24,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from estimator_multigpu.graph import metrics as metrics_lib
+from estimator_multigpu.graph import prediction_padding
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
@@ -61,17 +64,22 @@ def _weighted(loss: tf.Tensor, weight: Any) -> tf.Tensor:
   return tf.math.multiply_no_nan(loss, tf.cast(weight, loss.dtype))
 
 
-def concat_predictions(per_tower: list, name: str = "predictions") -> Any:
-  """Concatenates a tensor, or a dict of tensors, along axis 0.
+def concat_predictions(per_tower: list, name: str = "predictions",
+                       pad_value: prediction_padding.PadValue = None) -> Any:
+  """Concatenates a tensor, or a dict of tensors, along axis 0 (other axes
+  padded to the largest across towers with `pad_value`, the
+  `prediction_pad_value` option).
 
   Raises:
     ValueError: a prediction is a scalar (the message names its key).
   """
   if isinstance(per_tower[0], dict):
     _check_same_keys(per_tower, name)
-    return {key: _concat([p[key] for p in per_tower], f"{name}[{key!r}]")
+    return {key: _concat([p[key] for p in per_tower], f"{name}[{key!r}]",
+                         prediction_padding.pad_value_for(pad_value, key))
             for key in per_tower[0]}
-  return _concat(per_tower, name)
+  return _concat(per_tower, name,
+                 prediction_padding.pad_value_for(pad_value, None))
 
 
 def _check_same_keys(per_tower: list, name: str) -> None:
@@ -88,7 +96,7 @@ def _check_same_keys(per_tower: list, name: str) -> None:
           "unconditionally.")
 
 
-def _concat(pieces: list, name: str = "predictions"):
+def _concat(pieces: list, name: str = "predictions", pad_value: Any = None):
   if len(pieces) == 1:
     return pieces[0]
   if isinstance(pieces[0], tf.SparseTensor):
@@ -100,25 +108,28 @@ def _concat(pieces: list, name: str = "predictions"):
         "one, as Estimator.predict expects. Return one value per example "
         "(e.g. shape [batch_size]), or tf.fill([tf.shape(x)[0]], value) for "
         "a value shared by the batch.")
-  return tf.concat(pieces, axis=0)
+  pieces = [tf.convert_to_tensor(piece) for piece in pieces]
+  return tf.concat(prediction_padding.pad_to_largest(pieces, pad_value, name),
+                   axis=0)
 
 
-def merge_export_outputs(per_tower: list) -> Any:
+def merge_export_outputs(per_tower: list,
+                         pad_value: prediction_padding.PadValue = None) -> Any:
   """Rebuilds each export output from concatenated tensors."""
   if not per_tower[0]:
     return per_tower[0]
   merged = {}
   for key, first in per_tower[0].items():
     outputs = [outputs[key] for outputs in per_tower]
-    merged[key] = _merge_export_output(key, first, outputs)
+    merged[key] = _merge_export_output(key, first, outputs, pad_value)
   return merged
 
 
-def _merge_export_output(key: str, first, outputs: list):
+def _merge_export_output(key: str, first, outputs: list, pad_value=None):
   export = tf.estimator.export
   if isinstance(first, export.PredictOutput):
     return export.PredictOutput(concat_predictions(
-        [o.outputs for o in outputs], f"export_outputs[{key!r}]"))
+        [o.outputs for o in outputs], f"export_outputs[{key!r}]", pad_value))
   if isinstance(first, export.ClassificationOutput):
     return export.ClassificationOutput(
         _concat_or_none([o.scores for o in outputs]),
@@ -152,7 +163,8 @@ def merged_train_op(towers: list, apply_ops: list) -> tf.Operation:
 def merge_specs(towers: list, mode: str, train_op=None, *,
                 shares: Optional[list] = None,
                 analyses: Optional[list] = None,
-                built: frozenset = frozenset()) -> Any:
+                built: frozenset = frozenset(),
+                pad_value: prediction_padding.PadValue = None) -> Any:
   """The EstimatorSpec covering the whole global batch.
 
   Args:
@@ -163,6 +175,7 @@ def merge_specs(towers: list, mode: str, train_op=None, *,
     analyses: each tower's `dataflow.ShardAnalysis` (EVAL metrics).
     built: the ops readout APIs built once from the global batch
       (`global_calls.Recorder.built_ops`).
+    pad_value: the `prediction_pad_value` option (`prediction_padding`).
   """
   first = towers[0].spec
   loss = combine_losses(towers) if first.loss is not None else None
@@ -174,10 +187,10 @@ def merge_specs(towers: list, mode: str, train_op=None, *,
                 prediction_hooks=first.prediction_hooks)
   if first.predictions is not None and mode != ModeKeys.TRAIN:
     kwargs["predictions"] = concat_predictions(
-        [t.spec.predictions for t in towers])
+        [t.spec.predictions for t in towers], pad_value=pad_value)
   if mode == ModeKeys.PREDICT:
     kwargs["export_outputs"] = merge_export_outputs(
-        [t.spec.export_outputs for t in towers])
+        [t.spec.export_outputs for t in towers], pad_value)
   if mode == ModeKeys.EVAL:
     kwargs["eval_metric_ops"] = metrics_lib.merge_eval_metric_ops(
         towers, shares, analyses, built)

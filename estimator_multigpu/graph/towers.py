@@ -28,9 +28,10 @@ vs_lib = compat.internal("variable_scope")
 tf1 = tf.compat.v1
 
 # Graph collections a tower sees only its own items in; towers 1.. leave
-# nothing behind in them (summaries, update ops and losses come from tower 0).
+# nothing behind in them (summaries, update ops, losses and the Savers the
+# model_fn builds come from tower 0).
 ISOLATED_COLLECTIONS = (tf1.GraphKeys.LOSSES, tf1.GraphKeys.UPDATE_OPS,
-                        tf1.GraphKeys.SUMMARIES,
+                        tf1.GraphKeys.SUMMARIES, tf1.GraphKeys.SAVERS,
                         tf1.GraphKeys.REGULARIZATION_LOSSES,
                         cross_tower_losses.NORMALIZERS)
 

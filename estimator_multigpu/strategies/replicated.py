@@ -42,6 +42,7 @@ from typing import Optional
 import tensorflow as tf
 
 from estimator_multigpu import compat
+from estimator_multigpu.cross_tower import regularization
 from estimator_multigpu.strategies import allreduce
 from estimator_multigpu.strategies import base
 from estimator_multigpu.strategies import shared
@@ -161,7 +162,7 @@ class ReplicatedVariables(shared.SharedVariables):
       tower.local_variables[variable.op.name] = replica
       if regularizer is not None:
         with tf.name_scope(f"{variable.op.name}/Regularizer"):
-          loss = regularizer(replica)
+          loss = regularization.counted(regularizer)(replica)
         if loss is not None:
           tf1.add_to_collection(tf1.GraphKeys.REGULARIZATION_LOSSES, loss)
     return self._copies[key]

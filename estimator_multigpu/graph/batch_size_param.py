@@ -1,0 +1,165 @@
+"""`params["batch_size"]` used as a tower's batch dimension: refused.
+
+Under `multi_gpu`, `params["batch_size"]` stays what the user set: the
+global batch (so a loss divided by it, TPUEstimator-style, keeps its
+meaning). A tower holds only its shard, at most ⌈B/N⌉ of the B examples,
+so TPU-era code that builds a batch dimension from it
+(`tf.reshape(x, [params["batch_size"], -1])`,
+`cell.zero_state(params["batch_size"], tf.float32)`, `tf.zeros` /
+`tf.fill([params["batch_size"], k])`) would fail when the graph runs, or
+worse, regroup the shard's numbers silently. `check` finds such a use in
+tower 0's graph from the dataflow and refuses it in one line naming
+`tf.shape(x)[0]`:
+
+- a Reshape of the shard's per-example values (`dataflow.ROWS`) whose
+  target's leading entry is B while its input's is not;
+- an op that joins the shard's per-example values (leading dimension not B)
+  with a tensor not derived from the shard whose leading dimension is B
+  (a state made by `zero_state`, `tf.zeros`, `tf.fill`), into a result whose
+  leading dimension is B.
+
+Both need B ≥ 2 and several towers; B comes from `params["batch_size"]`
+(an int), and nothing else is looked at. With static shard sizes (an
+`input_fn` with `drop_remainder=True`) TensorFlow cannot build such an op at
+all: its shape-inference error names the op and its inputs, which exist and
+are judged by the same rules (`_check_failed_op`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from typing import Any, Callable, Iterable, Optional
+
+import tensorflow as tf
+
+from estimator_multigpu.graph import dataflow
+
+KEY = "batch_size"
+
+
+def global_batch_param(params: Any) -> Optional[int]:
+  """`params["batch_size"]` when it is an int ≥ 2, else None."""
+  if not isinstance(params, dict):
+    return None
+  value = params.get(KEY)
+  if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+    return None
+  return value
+
+
+def scope_factory(params: Any, split) -> Callable:
+  """A tower scope that checks tower 0's ops when its model_fn returns (or
+  fails: a layer that needs a static dimension may stop first)."""
+  def scope(tower):
+    if tower.index > 0:
+      return contextlib.nullcontext()
+    return _checked(params, split)
+  return scope
+
+
+@contextlib.contextmanager
+def _checked(params: Any, split):
+  batch = global_batch_param(params)
+  if batch is None or len(split.shards) < 2:
+    yield
+    return
+  graph = tf.compat.v1.get_default_graph()
+  start = len(graph.get_operations())
+  try:
+    yield
+  except ValueError as error:
+    _check_failed_op(error, graph, split, batch)
+    check(graph.get_operations()[start:], split, batch)
+    raise
+  check(graph.get_operations()[start:], split, batch)
+
+
+def check(ops: Iterable[tf.Operation], split, batch: int) -> None:
+  """Raises when tower 0's `ops` use `batch` as a batch dimension.
+
+  Raises:
+    ValueError: naming the op, `params["batch_size"]` and `tf.shape(x)[0]`.
+  """
+  analysis = dataflow.shard_analysis(split.shards[0])
+  for op in ops:
+    if not op.outputs or _leading(op.outputs[0]) != batch:
+      continue
+    what = _batch_dimension_use(op.type, list(op.inputs), batch, analysis,
+                                target=op.outputs[0].shape)
+    if what:
+      raise ValueError(_message(what, batch, len(split.shards)))
+
+
+# TensorFlow's shape-inference error names the op it could not create and
+# its inputs: "... for '{{node basic_rnn_cell/concat}} = ConcatV2[...]
+# (strided_slice, BasicRNNCellZeroState/zeros, ...)' with input shapes ...".
+_FAILED_NODE = re.compile(r"\{\{node [^}]*\}\} = (\w+)\[.*?\]\(([^)]*)\)")
+
+
+def _check_failed_op(error: ValueError, graph: tf.Graph, split,
+                     batch: int) -> None:
+  """With static shard sizes the offending op fails to build: its inputs,
+  which exist, are looked at the same way."""
+  match = _FAILED_NODE.search(str(error))
+  if not match:
+    return
+  inputs = []
+  for name in (n.strip() for n in match.group(2).split(",")):
+    if name and not name.startswith("^"):
+      try:
+        inputs.append(graph.as_graph_element(name if ":" in name
+                                             else name + ":0"))
+      except (KeyError, ValueError):
+        return
+  target = None
+  if match.group(1) == "Reshape" and len(inputs) == 2:
+    target = tf.get_static_value(inputs[1])
+    target = None if target is None else tf.TensorShape(
+        [d if d >= 0 else None for d in target.tolist()])
+  what = _batch_dimension_use(match.group(1), inputs, batch,
+                              dataflow.shard_analysis(split.shards[0]),
+                              target=target)
+  if what:
+    raise ValueError(_message(what, batch, len(split.shards))) from error
+
+
+def _leading(tensor: tf.Tensor) -> Optional[int]:
+  shape = tensor.shape
+  if shape.rank is None or shape.rank == 0:
+    return None
+  return shape[0]
+
+
+def _batch_dimension_use(op_type: str, inputs: list, batch: int,
+                         analysis: dataflow.ShardAnalysis,
+                         target: Optional[tf.TensorShape]) -> Optional[str]:
+  """What an op of `op_type` does with `batch` as a batch dimension, or
+  None; `target`: its output's shape (a Reshape's target), if known."""
+  rows = [t for t in inputs if analysis.is_rows(t) and _leading(t) != batch]
+  if not rows:
+    return None
+  if op_type == "Reshape" and inputs[0] is rows[0]:
+    if target is None or not target.rank or target[0] != batch:
+      return None
+    return (f"reshapes the shard's per-example values (shape "
+            f"{rows[0].shape}) to {target}")
+  made = [t for t in inputs if _leading(t) == batch and
+          analysis.status(t) == dataflow.NONE]
+  if not made:
+    return None
+  return (f"joins the shard's per-example values (shape {rows[0].shape}) "
+          f"with a tensor of shape {made[0].shape} in a {op_type}")
+
+
+def _message(what: str, batch: int, num_towers: int) -> str:
+  shard = math.ceil(batch / num_towers)
+  return (
+      f'The model_fn uses params["batch_size"] ({batch}, the global batch) '
+      f"as a batch dimension: it {what}, but each of the {num_towers} towers "
+      f"holds a shard of at most {shard} examples. params[\"batch_size\"] "
+      "stays the global batch under `multi_gpu` (a loss divided by it is "
+      "exact); take a batch dimension from the data instead, tf.shape(x)[0]:"
+      " tf.reshape(x, [tf.shape(x)[0], ...]), "
+      "cell.zero_state(tf.shape(x)[0], dtype), tf.zeros([tf.shape(x)[0], k]).")

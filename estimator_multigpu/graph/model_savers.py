@@ -1,0 +1,123 @@
+"""The Savers and Scaffold a model_fn builds, completed with what came later.
+
+On one device the model_fn calls `minimize` before it builds its own `Saver`
+(Object Detection's `Saver(sharded=True)`, a `var_list` from
+`tf.compat.v1.global_variables()`), so the optimizer's slots are in it. With
+`multi_gpu` the combined update, and with it the slots, is built after the
+towers return, and the package adds its own state then too (EMA shadows, the
+float16 loss scale): a Saver built in the model_fn would write checkpoints
+without them, and a resume would stop at "Variables not initialized".
+
+`complete` rebuilds each such Saver (the scaffold's, and those the model_fn
+put in the SAVERS collection) with the same settings (`sharded`,
+`max_to_keep`, `keep_checkpoint_every_n_hours`, ...) and its `var_list` plus
+every global variable created after it (by its own name; a dict `var_list`
+gets `{variable.op.name: variable}` entries). A Scaffold's own `init_op`
+built in the model_fn also initializes those variables. Variables that
+existed when the Saver was built and that it leaves out stay out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+
+
+def complete(spec: tf.estimator.EstimatorSpec) -> tf.estimator.EstimatorSpec:
+  """`spec` whose scaffold's Saver, init_op and SAVERS cover every variable
+  created after them."""
+  savers = tf1.get_collection_ref(tf1.GraphKeys.SAVERS)
+  scaffold = spec.scaffold
+  own = scaffold is not None and (scaffold.saver is not None or
+                                  scaffold.init_op is not None)
+  if not savers and not own:
+    return spec
+  order = _creation_order()
+  replaced = {}
+  for index, saver in enumerate(savers):
+    replaced[id(saver)] = savers[index] = _completed_saver(saver, order)
+  if not own:
+    return spec
+  saver = scaffold.saver
+  if saver is not None:
+    saver = replaced.get(id(saver)) or _completed_saver(saver, order)
+  return spec._replace(scaffold=tf1.train.Scaffold(
+      saver=saver, init_op=_completed_init_op(scaffold.init_op, order),
+      copy_from_scaffold=scaffold))
+
+
+def _creation_order() -> dict:
+  """Each op of the default graph -> its position in creation order."""
+  return {op: index for index, op in
+          enumerate(tf1.get_default_graph().get_operations())}
+
+
+def _later_variables(op: Any, order: dict) -> list:
+  """The global variables created after `op`."""
+  position = order.get(op, len(order))
+  return [v for v in tf1.global_variables() if order.get(v.op, -1) > position]
+
+
+def _completed_saver(saver: tf1.train.Saver, order: dict) -> tf1.train.Saver:
+  """`saver`, or a new one with its settings and the variables it lacks."""
+  if not saver._is_built:  # pylint: disable=protected-access
+    return saver  # built later, by the scaffold: it lists everything then.
+  save_op = tf1.get_default_graph().as_graph_element(
+      saver.saver_def.save_tensor_name).op
+  var_list = saver._var_list  # pylint: disable=protected-access
+  saved = {_op_name(item) for item in _items(var_list)}
+  missing = [v for v in _later_variables(save_op, order)
+             if v.op.name not in saved]
+  if not missing:
+    return saver
+  if isinstance(var_list, dict):
+    var_list = {**{v.op.name: v for v in missing}, **var_list}
+  else:
+    var_list = list(var_list) + missing
+  return tf1.train.Saver(var_list=var_list, **_settings(saver))
+
+
+def _settings(saver: tf1.train.Saver) -> dict:
+  """The constructor arguments `saver` was built with (but its var_list)."""
+  # pylint: disable=protected-access
+  return dict(reshape=saver._reshape, sharded=saver._sharded,
+              max_to_keep=saver._max_to_keep,
+              keep_checkpoint_every_n_hours=(
+                  saver._keep_checkpoint_every_n_hours),
+              restore_sequentially=saver._restore_sequentially,
+              allow_empty=saver._allow_empty,
+              write_version=saver._write_version,
+              pad_step_number=saver._pad_step_number,
+              save_relative_paths=saver._save_relative_paths,
+              filename=saver._filename)
+
+
+def _items(var_list: Any) -> list:
+  """The variables (partitions, saveables) a Saver's `var_list` names."""
+  items = list(var_list.values()) if isinstance(var_list, dict) else list(
+      var_list)
+  flat = []
+  for item in items:
+    flat.extend(item if isinstance(item, (list, tuple)) else
+                list(item) if hasattr(item, "_get_variable_list") else [item])
+  return flat
+
+
+def _op_name(item: Any) -> str:
+  op = getattr(item, "op", None)
+  return op.name if op is not None else str(getattr(item, "name", item))
+
+
+def _completed_init_op(init_op: Any, order: dict) -> Any:
+  """`init_op`, grouped with the initializers of variables created after
+  it."""
+  if init_op is None:
+    return None
+  later = _later_variables(getattr(init_op, "op", init_op), order)
+  if not later:
+    return init_op
+  return tf.group(init_op, tf1.variables_initializer(later),
+                  name="init_op_with_later_variables")
