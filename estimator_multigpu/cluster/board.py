@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from typing import Optional
 
 import tensorflow as tf
@@ -36,6 +37,12 @@ def table_key(name: str) -> int:
 class Board:
   """This task's handle on the board (thread-safe; never closed: a session
   on a peer that went away can block in `close`).
+
+  The session's first call creates its master session, which waits for the
+  chief's server with no deadline (the call's timeout does not cover it):
+  a helper thread makes that call (`connect`), and every read or write
+  waits for it at most its own timeout, so no call blocks for longer
+  whatever the chief's state (absent, stopped, another job's).
 
   Args:
     target: this task's own server (`server.target`).
@@ -62,6 +69,43 @@ class Board:
                                                     chief_device}))
     self._session = tf1.Session(target, graph=graph, config=config)
     self._options = tf1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
+    self._timeout, self.chief_device = timeout_secs, chief_device
+    self._connected = threading.Event()
+    self._connecting = threading.Lock()
+    self._connector: Optional[threading.Thread] = None
+
+  @property
+  def connected(self) -> bool:
+    """Whether the chief's server answered this task's board once."""
+    return self._connected.is_set()
+
+  def connect(self, timeout_secs: Optional[float] = None) -> None:
+    """Waits until the chief's server answered (the first call made),
+    at most `timeout_secs` (default: the call timeout).
+
+    Raises:
+      tf.errors.DeadlineExceededError: it has not answered in time.
+    """
+    with self._connecting:
+      if self._connector is None:
+        self._connector = threading.Thread(target=self._first_call,
+                                           daemon=True, name="board-connect")
+        self._connector.start()
+    wait = self._timeout if timeout_secs is None else timeout_secs
+    if not self._connected.wait(wait):
+      raise tf.errors.DeadlineExceededError(
+          None, None, f"the job's board on {self.chief_device} has not "
+          f"answered within {wait:g} s")
+
+  def _first_call(self) -> None:
+    """Creates the master session (no deadline: a helper thread)."""
+    try:
+      self._session.run(self._export, options=self._options)
+    except tf.errors.OpError:
+      with self._connecting:  # the next call tries again.
+        self._connector = None
+      return
+    self._connected.set()
 
   def post(self, name: str, entry: dict) -> None:
     """Writes (replaces) entry `name`.
@@ -70,6 +114,7 @@ class Board:
       tf.errors.OpError: the chief's server did not answer in time.
     """
     text = json.dumps({**entry, "key": name}, sort_keys=True)
+    self.connect()
     self._session.run(self._insert, {self._key: table_key(name),
                                      self._value: text},
                       options=self._options)
@@ -81,6 +126,7 @@ class Board:
       tf.errors.OpError: the chief's server did not answer in time.
     """
     entries = {}
+    self.connect()
     for text in self._session.run(self._export, options=self._options):
       entry = json.loads(text)
       if prefix is None or entry["key"].startswith(prefix):

@@ -94,6 +94,7 @@ class JobGuard:
 
     Ends the task (status 1, one line) when a task disagrees.
     """
+    self._reach_chief()
     mine = {"identity": self.identity(), "settings": self._settings}
     posted = self._exchange("hello", mine)
     step = posted[self.tasks[0]].get("chief step")
@@ -106,6 +107,25 @@ class JobGuard:
     if self._cluster.is_chief:
       self._linger("hello")
     return False
+
+  def _reach_chief(self) -> None:
+    """Waits at most the peer timeout for the chief's server (the board's
+    first call); else ends the task with one line naming the chief."""
+    try:
+      self.board.connect(self._timeout)
+    except tf.errors.OpError:
+      chief = self.tasks[0]
+      self.end(f"task {self.name(chief)} ({self._cluster_address(chief)}) "
+               f"has not answered within --peer_timeout_secs="
+               f"{self._timeout:g} s: it is not running (never started, or "
+               "it gave up) or its address is wrong; this task "
+               f"({self.name()}) ends. Start every task of the job with the "
+               "same cluster: training resumes from the chief's newest "
+               "checkpoint.")
+
+  def _cluster_address(self, task: str) -> str:
+    job, index = task.split(":")
+    return self._cluster.cluster[job][int(index)]
 
   def hooks(self) -> list:
     """The hooks to run first in the task's `Estimator.train`."""
@@ -139,7 +159,8 @@ class JobGuard:
     if not job_watch.claim_end():
       job_watch.wait_for_exit()
     try:
-      self.board.post(f"end/{self.me}", {"line": line})
+      if self.board.connected:  # else the chief never answered.
+        self.board.post(f"end/{self.me}", {"line": line})
     except tf.errors.OpError:
       pass  # the chief is gone: the peers find that out themselves.
     if linger and self._cluster.is_chief:
@@ -154,7 +175,7 @@ class JobGuard:
     try:
       ended = [entry["line"] for key, entry in
                sorted(self.board.read("end/").items())
-               if key != f"end/{self.me}"]
+               if key != f"end/{self.me}"] if self.board.connected else []
     except tf.errors.OpError:
       ended = []
     self.end(ended[0] if ended else line)
