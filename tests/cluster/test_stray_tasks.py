@@ -5,10 +5,19 @@ Real train.py processes on loopback (`TrainTasks`): every wait is bounded
 asserts on time.
 """
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from test_all_reduce_faults import TrainTasks
 from test_all_reduce_faults import error_lines
+from test_distributed import ENV
+from test_distributed import ROOT
+from test_distributed import last_step_logged
+from test_distributed import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -32,3 +41,38 @@ def test_a_chief_alone_then_its_late_worker_each_end_naming_the_other(
   assert len(worker) == 1, worker
   assert "task worker --task_index=0 (the chief)" in worker[0], worker
   assert tasks.hosts.split(",")[0] in worker[0], worker
+
+
+def test_a_job_launched_twice_is_refused_and_the_live_job_trains_on(
+    tmp_path):
+  """Same ports, same model dir: the duplicate chief is refused naming the
+  live chief's PID (its lock stays), and so is a plain run on that model
+  dir afterwards (one writer)."""
+  model_dir = tmp_path / "model"
+  tasks = TrainTasks(tmp_path, f"--model_dir={model_dir}",
+                     "--max_steps=100000", "--save_checkpoints_steps=100000")
+  try:
+    chief, _ = tasks.start(0), tasks.start(1)
+    wait_until(lambda: last_step_logged(tasks.log("chief")) >= 3, 180,
+               "the chief's 3rd step")
+    again = TrainTasks(tmp_path / "again", f"--model_dir={model_dir}",
+                       "--max_steps=100000")
+    again.hosts, again.processes = tasks.hosts, {}
+    (tmp_path / "again").mkdir()
+    try:
+      duplicate = again.start(0)
+      plain = subprocess.run(
+          [sys.executable, os.path.join(ROOT, "train.py"),
+           "--model_name=mlp", f"--model_dir={model_dir}", "--max_steps=1"],
+          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+      assert duplicate.wait(timeout=120) != 0
+    finally:
+      again.stop()
+    assert chief.poll() is None  # the live job trains on, its lock kept:
+    assert json.load(open(model_dir / "train.lock"))["pid"] == chief.pid
+  finally:
+    tasks.stop()
+  for output in (again.log("chief"), plain.stderr):
+    assert f"PID {chief.pid} on host" in output, output[-2000:]
+  assert plain.returncode != 0
+  assert "Taking over" not in again.log("chief")
