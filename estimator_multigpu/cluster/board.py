@@ -62,6 +62,8 @@ class Board:
       self._value = tf1.placeholder(tf.string, [])
       self._insert = tf.raw_ops.LookupTableInsertV2(
           table_handle=table, keys=self._key, values=self._value)
+      self._find = tf.raw_ops.LookupTableFindV2(
+          table_handle=table, keys=self._key, default_value="")
       self._export = tf.raw_ops.LookupTableExportV2(
           table_handle=table, Tkeys=tf.int64, Tvalues=tf.string)[1]
     graph.finalize()
@@ -118,6 +120,21 @@ class Board:
     self._session.run(self._insert, {self._key: table_key(name),
                                      self._value: text},
                       options=self._options)
+
+  def get(self, name: str) -> Optional[dict]:
+    """Entry `name`, or None (one small call: for every step).
+
+    Raises:
+      tf.errors.OpError: the chief's server did not answer in time.
+    """
+    self.connect()
+    text = self._session.run(self._find, {self._key: table_key(name)},
+                             options=self._options)
+    if not text:
+      return None
+    entry = json.loads(text)
+    entry.pop("key")
+    return entry
 
   def read(self, prefix: Optional[str] = None) -> dict:
     """{name: entry} of every entry (whose name starts with `prefix`).

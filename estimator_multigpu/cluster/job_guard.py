@@ -11,25 +11,25 @@
   `max_steps` every task says so in one line and returns;
 - in the training graph's `begin` (built, no session yet, no collective
   run), a second exchange of what the graph holds (`graph` round);
-- a stop signal: a task posts why it stopped, so its peers, waiting for it
-  in the all-reduce, end at once with the same line; a task whose step does
-  not finish within the grace time leaves without a final checkpoint
+- a stop signal to any task: the job stops at one agreed step and the
+  chief saves it (`job_stop`); a task whose step does not finish within
+  the grace time leaves without a final checkpoint, saying which stands
   (`abandon`).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu.cluster import agreement
 from estimator_multigpu.cluster import board as board_lib
+from estimator_multigpu.cluster import job_stop
 from estimator_multigpu.cluster import job_watch
 
 tf1 = tf.compat.v1
@@ -50,12 +50,14 @@ class JobGuard:
     names: {task ("worker:0"): how it was started}; default the task name.
     settings: {setting: value} every task must share (JSON values).
     setting_names: {setting: how the user sets it (a flag)}.
+    received: this task's stop signal, if any (`SignalStop`).
   """
 
   def __init__(self, cluster, target: str, model_dir: str,
                timeout_secs: float, names: Optional[dict] = None,
                settings: Optional[dict] = None,
-               setting_names: Optional[dict] = None):
+               setting_names: Optional[dict] = None,
+               received: Callable[[], Optional[int]] = lambda: None):
     self.tasks = [_task_name(device) for device in cluster.tasks]
     self.me = self.tasks[cluster.position]
     self.names = {task: (names or {}).get(task, task) for task in self.tasks}
@@ -65,9 +67,11 @@ class JobGuard:
     self.board = board_lib.Board(target, cluster.tasks[cluster.position],
                                  cluster.leader)
     self.progress = job_watch.Progress()
+    self.stop = job_stop.JobStop(self.board, self.me, cluster.is_chief,
+                                 self.name, received)
     self._watch = job_watch.JobWatch(self.board, self.me, self.names,
                                      self.progress, timeout_secs,
-                                     on_end=self.end)
+                                     on_end=self._watch_end)
 
   def __enter__(self) -> "JobGuard":
     self._watch.__enter__()
@@ -129,7 +133,9 @@ class JobGuard:
 
   def hooks(self) -> list:
     """The hooks to run first in the task's `Estimator.train`."""
-    return [job_watch.ProgressHook(self.progress), _GraphCheck(self)]
+    return [job_watch.ProgressHook(self.progress),
+            job_stop.StopHook(self.stop, lambda: self.progress.steps),
+            _GraphCheck(self)]
 
   def check_graph(self, graph: tf.Graph) -> None:
     """The second exchange: what the training graph holds."""
@@ -137,7 +143,7 @@ class JobGuard:
 
   def _exchange(self, round_name: str, mine: dict) -> dict:
     if self._cluster.is_chief and round_name == "hello":
-      mine["chief step"] = _checkpoint_step(self._model_dir)
+      mine["chief step"] = job_stop.checkpoint_step(self._model_dir)
     try:
       return agreement.exchange(
           lambda entry: self.board.post(f"{round_name}/{self.me}", entry),
@@ -171,7 +177,10 @@ class JobGuard:
 
   def peer_gone(self, line: str) -> None:
     """`health.PeerWatch`'s end: a peer that posted why it ended is named
-    by its own line, else by `line`."""
+    by its own line, else by `line`. During an agreed stop a peer that
+    left is no fault."""
+    if self.stop.stopping:
+      return
     try:
       ended = [entry["line"] for key, entry in
                sorted(self.board.read("end/").items())
@@ -180,35 +189,41 @@ class JobGuard:
       ended = []
     self.end(ended[0] if ended else line)
 
-  def stopped(self, signal_number: int) -> None:
-    """After a stop signal, once this task's training returned: tells the
-    peers (still waiting for it in the all-reduce) why the job ends."""
-    line = (f"task {self.name()} stopped on {_signal_name(signal_number)} "
-            f"after step {self.progress.steps} of this run; the job ends "
-            "(restart every task to resume from the chief's newest "
-            "checkpoint).")
-    try:
-      self.board.post(f"end/{self.me}", {"line": line})
-    except tf.errors.OpError:
-      return
-    if self._cluster.is_chief:  # the peers' next read finds the line.
-      time.sleep(_END_LINGER_SECS)
+  def _watch_end(self, line: str) -> None:
+    """`JobWatch`'s end, except during an agreed stop (peers leave then)."""
+    if not self.stop.stopping:
+      self.end(line)
 
-  def watch_stop(self, received, grace_secs: float) -> None:
-    """Ends the task `grace_secs` after `received()` first names a signal,
-    should it still be running then (a final save or a teardown that
-    hangs): whatever its state, a stopped task exits within the grace."""
+  def finish_stop(self, wait_secs: float) -> Optional[int]:
+    """After training returned: on an agreed stop, logs this task's one
+    line (the step the chief saved) and returns the signal; else None."""
+    if not self.stop.stopping:
+      return None
+    logging.warning("%s", self.stop.finish(self._model_dir, wait_secs))
+    try:
+      self.board.post(f"stopped/{self.me}", {})
+    except tf.errors.OpError:
+      return self.stop.signal()
+    if self._cluster.is_chief:
+      self._linger("stopped")
+    return self.stop.signal()
+
+  def watch_stop(self, grace_secs: float) -> None:
+    """Ends the task `grace_secs` after a stop signal (its own or the
+    agreed stop's), should it still be running then (a step, a final save
+    or a teardown that hangs): whatever its state, a stopped task exits
+    within the grace."""
     def watch():
-      while received() is None:
+      while self.stop.signal() is None:
         time.sleep(agreement.POLL_SECS)
       time.sleep(grace_secs)
-      self.abandon(received(), grace_secs)
+      self.abandon(self.stop.signal(), grace_secs)
     threading.Thread(target=watch, daemon=True, name="stop-grace").start()
 
   def abandon(self, signal_number: int, waited_secs: float) -> None:
     """A stop signal whose step did not finish in time: leave without a
     final checkpoint (the newest one stands)."""
-    line = (f"{self.name()}: {_signal_name(signal_number)} arrived "
+    line = (f"{self.name()}: {job_stop.signal_name(signal_number)} arrived "
             f"{waited_secs:.0f} s ago, but this task has not stopped: its "
             "step (or final save) has not finished (an all-reduce step waits "
             "for every task: is one stopped or gone?). Exiting without a "
@@ -251,20 +266,5 @@ def _by_task(entries: dict) -> dict:
   return {key.split("/", 1)[1]: entry for key, entry in entries.items()}
 
 
-def _checkpoint_step(model_dir: str) -> Optional[int]:
-  checkpoint = tf.train.latest_checkpoint(model_dir)
-  if checkpoint is None:
-    return None
-  return int(tf.train.load_variable(checkpoint, "global_step"))
-
-
 def _message(error: Exception) -> str:
   return getattr(error, "message", None) or str(error)
-
-
-def _signal_name(number: int) -> str:
-  try:
-    return signal.Signals(number).name
-  except ValueError:
-    return f"signal {number}"
-

@@ -250,22 +250,38 @@ def test_sigterm_ends_a_chief_blocked_in_the_all_reduce(tmp_path):
                        log[-2000:])
 
 
-def test_sigterm_to_the_chief_ends_the_job(tmp_path):
-  tasks = TrainTasks(tmp_path, f"--model_dir={tmp_path / 'model'}",
+@pytest.mark.parametrize("stopped", ["chief", "worker1"])
+def test_sigterm_to_any_task_stops_the_job_with_the_newest_step_saved(
+    tmp_path, stopped):
+  """The job agrees on one last step; the chief saves it; every task ends
+  with 128 + SIGTERM and one line naming the signal, the task and the
+  step saved (no "checkpoint saved" claim on a worker)."""
+  model_dir = tmp_path / "model"
+  tasks = TrainTasks(tmp_path, f"--model_dir={model_dir}",
                      "--max_steps=100000", "--save_checkpoints_steps=100000")
   try:
-    chief, worker = tasks.start(0), tasks.start(1)
+    tasks.start(0), tasks.start(1)
     wait_until(lambda: last_step_logged(tasks.log("chief")) >= 5, 180,
                "the chief's 5th step")
-    os.kill(chief.pid, signal.SIGTERM)
-    assert chief.wait(timeout=60) == 128 + signal.SIGTERM, (
-        tasks.log("chief")[-3000:])
-    assert worker.wait(timeout=60) == 1, tasks.log("worker1")[-3000:]
+    os.kill(tasks.processes[stopped].pid, signal.SIGTERM)
+    codes = {name: process.wait(timeout=90)
+             for name, process in tasks.processes.items()}
   finally:
     tasks.stop()
-  assert "task worker --task_index=0 (the chief) stopped on SIGTERM" in (
-      tasks.log("worker1"))
-  assert checkpoint_step(tmp_path / "model") >= 5  # its final checkpoint.
+  assert codes == {"chief": 128 + signal.SIGTERM,
+                   "worker1": 128 + signal.SIGTERM}, codes
+  saved = checkpoint_step(model_dir)
+  assert saved > 5
+  who = {"chief": "worker --task_index=0 (the chief)",
+         "worker1": "worker --task_index=1"}[stopped]
+  for name in ("chief", "worker1"):
+    log = tasks.log(name)
+    lines = [line for line in log.splitlines() if "The job stopped" in line]
+    assert len(lines) == 1, log[-3000:]
+    assert f"The job stopped on SIGTERM to task {who}" in lines[0]
+    assert f"the chief saved checkpoint {saved} in" in lines[0], lines
+    assert not error_lines(log), error_lines(log)
+    assert "Stopped by signal" not in log
 
 
 def test_a_port_in_use_names_the_address(tmp_path):
