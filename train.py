@@ -101,7 +101,8 @@ def train(settings: Settings, estimator: tf.estimator.Estimator,
     if task is None:
       train_with([])
     elif all_reduce:
-      options = _all_reduce_options(settings, task, towers, estimator)
+      options = _all_reduce_options(settings, task, towers, estimator,
+                                    setup)
       stopped = []
       if not all_reduce_training.run_task(
           estimator, train_with, settings.cluster.peer_timeout_secs,
@@ -129,12 +130,13 @@ def _on_blocked(task: Optional[cluster.Task]):
 
 def _all_reduce_options(settings: Settings, task: cluster.Task,
                         towers: towers_lib.Towers,
-                        estimator: tf.estimator.Estimator) -> dict:
+                        estimator: tf.estimator.Estimator,
+                        setup: run_setup.ModelSetup) -> dict:
   """`run_task`'s options for train.py: the settings every task must share
   (cli/model_dir/run_settings.py), the tasks' names as started, the grace
   time."""
   shared = run_settings.across_tasks(
-      settings, estimator.params["classifier"], len(towers.devices))
+      settings, estimator.params["classifier"], len(towers.devices), setup)
   return dict(max_steps=settings.optimization.max_steps,
               names=cluster_task.task_names(
                   task, settings.cluster.worker_hosts is not None),

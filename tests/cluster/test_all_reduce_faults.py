@@ -208,21 +208,24 @@ def test_cluster_lists_that_differ_are_named_as_such(tmp_path):
   assert "The TF_CONFIG cluster lists differ" in tasks[0][2].read_text()
 
 
-def test_train_py_tasks_with_another_learning_rate_are_refused(tmp_path):
+def test_train_py_tasks_with_another_split_are_refused(tmp_path):
+  """The worker would train on the held-out split (was silent); the chief
+  gives the default split, which resolves to the same 'train' as the
+  worker's explicit one would (test_job_checks covers that)."""
   tasks = TrainTasks(tmp_path, f"--model_dir={tmp_path / 'model'}",
                      "--max_steps=20")
   try:
-    chief = tasks.start(0, "--learning_rate=0.1")
-    worker = tasks.start(1, "--learning_rate=0.2")
+    chief = tasks.start(0)
+    worker = tasks.start(1, "--dataset_split_name=eval")
     assert chief.wait(timeout=180) == 1 and worker.wait(timeout=60) == 1
   finally:
     tasks.stop()
   for name in ("chief", "worker1"):
     errors = error_lines(tasks.log(name))
     assert len(errors) == 1, tasks.log(name)[-2000:]
-    assert "Tasks disagree on --learning_rate" in errors[0]
-    assert "0.1 on worker --task_index=0 (the chief)" in errors[0]
-    assert "0.2 on worker --task_index=1" in errors[0]
+    assert "Tasks disagree on --dataset_split_name" in errors[0]
+    assert "'train' on worker --task_index=0 (the chief)" in errors[0]
+    assert "'eval' on worker --task_index=1" in errors[0]
 
 
 def test_sigterm_ends_a_chief_blocked_in_the_all_reduce(tmp_path):
@@ -260,7 +263,8 @@ def test_sigterm_to_any_task_stops_the_job_with_the_newest_step_saved(
   tasks = TrainTasks(tmp_path, f"--model_dir={model_dir}",
                      "--max_steps=100000", "--save_checkpoints_steps=100000")
   try:
-    tasks.start(0), tasks.start(1)
+    # auto resolves to the chief's replicated: the tasks agree.
+    tasks.start(0), tasks.start(1, "--variable_update=auto")
     wait_until(lambda: last_step_logged(tasks.log("chief")) >= 5, 180,
                "the chief's 5th step")
     os.kill(tasks.processes[stopped].pid, signal.SIGTERM)

@@ -1,6 +1,9 @@
 """The all-reduce job's checks without processes: the settings table, the
 tasks' names, the disagreement lines and the heartbeat judgement."""
 
+import dataclasses
+import types
+
 import pytest
 import tensorflow as tf
 
@@ -29,6 +32,29 @@ def test_one_table_gives_the_resume_rules_and_the_shared_settings():
   assert shared["--learning_rate"] == 0.05 and shared["--batch_size"] == 64
   assert shared["--learning_rate_decay_factor"] == 0.5
   assert "--save_checkpoints_steps" not in shared  # only the chief saves.
+
+
+@pytest.mark.parametrize("mine,theirs,differs", [
+    ({"variable_update": "auto"}, {"variable_update": "replicated"}, None),
+    ({"variable_update": "auto"}, {"variable_update": "shared"},
+     "--variable_update"),
+    ({"dataset_split_name": None}, {"dataset_split_name": "train"}, None),
+    ({"dataset_split_name": None}, {"dataset_split_name": "eval"},
+     "--dataset_split_name"),
+])
+def test_settings_compare_as_they_resolve_in_a_job(mine, theirs, differs):
+  """auto is replicated in an all-reduce job; no split is train.py's."""
+  def shared(**given):
+    group = "multi_gpu" if "variable_update" in given else "data"
+    settings = settings_lib.TrainSettings()
+    settings = dataclasses.replace(settings, **{group: dataclasses.replace(
+        getattr(settings, group), **given)})
+    setup = types.SimpleNamespace(
+        dataset_split_name=given.get("dataset_split_name") or "train")
+    return run_settings.across_tasks(settings, classifier.ClassifierConfig(),
+                                     2, setup)
+  found = agreement.first_difference(shared(**mine), shared(**theirs))
+  assert (found or [None])[0] == differs, found
 
 
 def test_tasks_are_named_as_they_were_started():
