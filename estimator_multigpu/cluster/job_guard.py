@@ -64,8 +64,11 @@ class JobGuard:
     self._cluster, self._model_dir = cluster, model_dir
     self._timeout, self._settings = timeout_secs, dict(settings or {})
     self._setting_names = setting_names
-    self.board = board_lib.Board(target, cluster.tasks[cluster.position],
-                                 cluster.leader)
+    self._foreign_chief = False
+    self.board = board_lib.Board(
+        target, cluster.tasks[cluster.position], cluster.leader,
+        token=os.environ.get(TOKEN_VARIABLE, "(none)"), me=self.me,
+        started=f"{self.name()} at {self._cluster_address(self.me)}")
     self.progress = job_watch.Progress()
     self.stop = job_stop.JobStop(self.board, self.me, cluster.is_chief,
                                  self.name, received)
@@ -74,8 +77,7 @@ class JobGuard:
                                      on_end=self._watch_end)
 
   def __enter__(self) -> "JobGuard":
-    self._watch.__enter__()
-    return self
+    return self  # the heartbeats start in `greet`.
 
   def __exit__(self, *exc_info) -> None:
     self._watch.__exit__(*exc_info)
@@ -87,10 +89,9 @@ class JobGuard:
     return max(10 * self._timeout, 600.0)
 
   def identity(self) -> dict:
-    """What tells this job apart: the cluster lists and the job token (a
-    guard against mistakes, not authentication)."""
-    return {"cluster": self._cluster.cluster,
-            "job token": os.environ.get(TOKEN_VARIABLE, "(none)")}
+    """What tells this job apart beyond its token (whose entries a task of
+    another job never reads: `board_entries`): the cluster lists."""
+    return {"cluster": self._cluster.cluster}
 
   def greet(self, max_steps: Optional[int]) -> bool:
     """The first exchange; False when the chief has nothing left to train
@@ -99,6 +100,8 @@ class JobGuard:
     Ends the task (status 1, one line) when a task disagrees.
     """
     self._reach_chief()
+    self._read_round("hello")  # a chief of another job: refused first.
+    self._watch.__enter__()
     mine = {"identity": self.identity(), "settings": self._settings}
     posted = self._exchange("hello", mine)
     step = posted[self.tasks[0]].get("chief step")
@@ -147,13 +150,41 @@ class JobGuard:
     try:
       return agreement.exchange(
           lambda entry: self.board.post(f"{round_name}/{self.me}", entry),
-          lambda: _by_task(self.board.read(f"{round_name}/")), self.me,
+          lambda: self._read_round(round_name), self.me,
           self.tasks, mine, self.wait_secs, self.names, self._setting_names)
     except agreement.DisagreementError as error:
       self.end(str(error), linger=round_name)
     except (TimeoutError, tf.errors.OpError) as error:
+      self._refuse_if_foreign()
       self.end(f"{self.name()}: {_message(error)}")
     raise AssertionError("unreachable")  # `end` exits.
+
+  def _read_round(self, round_name: str) -> dict:
+    """{task: entry} of a round (after `_refuse_if_foreign`)."""
+    posted = _by_task(self.board.read(f"{round_name}/"))
+    if self.tasks[0] not in posted:
+      self._refuse_if_foreign()
+    return posted
+
+  def _refuse_if_foreign(self) -> None:
+    """A worker whose chief's address holds a chief of another job (its
+    entries under another token) ends, saying so, before it posts
+    anything (a stray's writes reach the other job's tasks)."""
+    chief = self.tasks[0]
+    strays = [f for f in self.board.foreign if f.task == chief]
+    if strays and not self._cluster.is_chief:
+      self._foreign_chief = True
+      try:  # the chief names this task in its log.
+        self.board.notify(f"refused/{self.me}", {})
+      except tf.errors.OpError:
+        pass
+      self.end(
+          f"The chief at {self._cluster_address(chief)} belongs to another "
+          f"job ({strays[0].name}; its board entries are not signed with "
+          f"this task's EMG_JOB_TOKEN): this task ({self.name()}) is not "
+          "part of that job and ends before joining it; that job trains "
+          "on. Check the addresses (--worker_hosts / TF_CONFIG) and the "
+          "job token given to each task.")
 
   def name(self, task: Optional[str] = None) -> str:
     return self.names[task or self.me]
@@ -165,7 +196,8 @@ class JobGuard:
     if not job_watch.claim_end():
       job_watch.wait_for_exit()
     try:
-      if self.board.connected:  # else the chief never answered.
+      if self.board.connected and not self._foreign_chief:  # else the
+        # chief never answered, or is another job's.
         self.board.post(f"end/{self.me}", {"line": line})
     except tf.errors.OpError:
       pass  # the chief is gone: the peers find that out themselves.
@@ -267,4 +299,12 @@ def _by_task(entries: dict) -> dict:
 
 
 def _message(error: Exception) -> str:
-  return getattr(error, "message", None) or str(error)
+  """The error in one line, without the details TensorFlow adds (gRPC's,
+  the node's)."""
+  text = getattr(error, "message", None) or str(error)
+  kept = []
+  for line in filter(None, (line.strip() for line in text.splitlines())):
+    if line.startswith(("Additional GRPC", "[[", ":{", "{")):
+      break
+    kept.append(line)
+  return " ".join(kept)

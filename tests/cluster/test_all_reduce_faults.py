@@ -43,14 +43,15 @@ class TrainTasks:
     self.hosts = ",".join(f"localhost:{port}" for port in ports)
     self.dir, self.args, self.processes = tmp_path, list(args), {}
 
-  def start(self, index, *args):
+  def start(self, index, *args, token=None):
     name = "chief" if index == 0 else f"worker{index}"
+    env = {**ENV, "EMG_JOB_TOKEN": token} if token else ENV
     with open(self.dir / f"{name}.log", "w") as log:
       self.processes[name] = subprocess.Popen(
           [sys.executable, os.path.join(ROOT, "train.py"), *TRAIN_FLAGS,
            *self.args, *args, f"--worker_hosts={self.hosts}",
            "--job_name=worker", f"--task_index={index}"],
-          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV,
+          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
           start_new_session=True)
     return self.processes[name]
 
