@@ -117,8 +117,9 @@ def run_task(estimator: tf.estimator.Estimator,
       return None
     try:
       result = train(guard.hooks())
-    except tf.errors.OpError:
+    except tf.errors.OpError as error:
       watch.end_if_a_peer_is_gone()
+      guard.failed(error)  # the peers end naming this error, not this task.
       raise
     stopped = guard.finish_stop(grace_secs / 2)
     if stopped is not None:

@@ -221,6 +221,20 @@ class JobGuard:
       ended = []
     self.end(ended[0] if ended else line)
 
+  def failed(self, error: Exception) -> None:
+    """This task's training raised (a checkpoint it could not write, ...):
+    posts why, so every peer ends with the real cause in its line; the
+    caller then reports the error itself."""
+    line = (f"task {self.name()} failed: {type(error).__name__}: "
+            f"{_message(error)}; the job stops (fix that, then restart every "
+            "task: training resumes from the chief's newest checkpoint).")
+    try:
+      self.board.post(f"end/{self.me}", {"line": line})
+    except tf.errors.OpError:
+      return
+    if self._cluster.is_chief:  # the peers' next read finds the line.
+      time.sleep(_END_LINGER_SECS)
+
   def _watch_end(self, line: str) -> None:
     """`JobWatch`'s end, except during an agreed stop (peers leave then)."""
     if not self.stop.stopping:
@@ -298,13 +312,14 @@ def _by_task(entries: dict) -> dict:
   return {key.split("/", 1)[1]: entry for key, entry in entries.items()}
 
 
+_NOISE = ("Graph execution error", "Detected at node", "File ", "Node:",
+          "[[", "Original stack trace", "Additional GRPC", ":{", "{")
+
+
 def _message(error: Exception) -> str:
-  """The error in one line, without the details TensorFlow adds (gRPC's,
-  the node's)."""
+  """The error in one line, without what TensorFlow adds (the node, its
+  Python stack, gRPC's details)."""
   text = getattr(error, "message", None) or str(error)
-  kept = []
-  for line in filter(None, (line.strip() for line in text.splitlines())):
-    if line.startswith(("Additional GRPC", "[[", ":{", "{")):
-      break
-    kept.append(line)
-  return " ".join(kept)
+  kept = [line.strip() for line in text.splitlines()
+          if line.strip() and not line.strip().startswith(_NOISE)]
+  return " ".join(kept) or type(error).__name__

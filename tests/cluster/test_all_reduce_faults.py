@@ -301,3 +301,31 @@ def test_a_port_in_use_names_the_address(tmp_path):
   assert codes["chief:0"] != 0
   assert f"cannot listen on its address localhost:{port}" in (
       tasks[0][2].read_text()), tasks[0][2].read_text()[-2000:]
+
+
+def test_a_checkpoint_the_chief_cannot_write_is_named_on_every_task(
+    tmp_path):
+  """The chief's save of step 20 fails (its files cannot be written: a
+  directory stands where the checkpoint's index goes, as a read-only model
+  dir would): the chief's line and the worker's name that write, not the
+  lock file or the chief's absence."""
+  model_dir = tmp_path / "model"
+  tasks = TrainTasks(tmp_path, f"--model_dir={model_dir}",
+                     "--max_steps=100000", "--save_checkpoints_steps=20")
+  try:
+    tasks.start(0), tasks.start(1)
+    wait_until(lambda: last_step_logged(tasks.log("chief")) >= 2, 180,
+               "the chief's 2nd step")
+    (model_dir / "model.ckpt-20.index").mkdir()
+    codes = {name: process.wait(timeout=120)
+             for name, process in tasks.processes.items()}
+  finally:
+    tasks.stop()
+  assert codes["chief"] != 0 and codes["worker1"] == 1, codes
+  chief, worker = tasks.log("chief"), tasks.log("worker1")
+  assert "model.ckpt-20" in chief.splitlines()[-1], chief[-2000:]
+  assert "train.lock" not in chief.splitlines()[-1]
+  lines = error_lines(worker)
+  assert len(lines) == 1, worker[-3000:]
+  assert "task worker --task_index=0 (the chief) failed:" in lines[0]
+  assert "model.ckpt-20" in lines[0], lines

@@ -104,6 +104,14 @@ def test_board_entries_are_keyed_and_signed_by_the_job_token():
   assert [f.task for f in foreign] == ["chief:0"]
 
 
+def test_the_launcher_says_the_ports_are_open_and_how_to_close_them():
+  from estimator_multigpu.cluster import launch  # pylint: disable=g-import-not-at-top
+  line = launch.exposure_line([40001, 40002])
+  assert "\n" not in line and "reachable from the network" in line
+  assert "0.0.0.0" in line
+  assert "--dports 40001,40002 ! -i lo -j DROP" in line
+
+
 def test_the_graph_description_reads_variables_optimizer_and_towers():
   def model_fn(features, labels, mode):
     pred = tf1.layers.dense(features, 2, name="out")
