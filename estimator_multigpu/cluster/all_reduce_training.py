@@ -67,7 +67,7 @@ def run_task(estimator: tf.estimator.Estimator,
              max_steps: Optional[int] = None, names: Optional[dict] = None,
              settings: Optional[dict] = None,
              setting_names: Optional[dict] = None,
-             stop_received: Callable[[], Optional[int]] = lambda: None,
+             stop_received: Optional[Callable[[], Optional[int]]] = None,
              on_stop: Callable[[int], None] = lambda number: None,
              grace_secs: float = 30.0) -> Any:
   """Starts this all-reduce task's server, then `train(hooks)` under a
@@ -85,7 +85,8 @@ def run_task(estimator: tf.estimator.Estimator,
     settings: {setting: value} every task must share; `setting_names`:
       {setting: how the user sets it}.
     stop_received: the stop signal received, if any (`SignalStop`): the
-      job then stops at one step, the chief saving it (`job_stop`).
+      job then stops at one step, the chief saving it (`job_stop`; one
+      small board call per step). None: no stop is agreed.
     on_stop: called with the signal when the job stopped so (this task's
       one line is logged).
     grace_secs: how long after a stop signal the task may take to end.

@@ -50,14 +50,15 @@ class JobGuard:
     names: {task ("worker:0"): how it was started}; default the task name.
     settings: {setting: value} every task must share (JSON values).
     setting_names: {setting: how the user sets it (a flag)}.
-    received: this task's stop signal, if any (`SignalStop`).
+    received: this task's stop signal, if any (`SignalStop`); None: the
+      caller handles no signal, so no stop is agreed (no per-step call).
   """
 
   def __init__(self, cluster, target: str, model_dir: str,
                timeout_secs: float, names: Optional[dict] = None,
                settings: Optional[dict] = None,
                setting_names: Optional[dict] = None,
-               received: Callable[[], Optional[int]] = lambda: None):
+               received: Optional[Callable[[], Optional[int]]] = None):
     self.tasks = [_task_name(device) for device in cluster.tasks]
     self.me = self.tasks[cluster.position]
     self.names = {task: (names or {}).get(task, task) for task in self.tasks}
@@ -71,7 +72,8 @@ class JobGuard:
         started=f"{self.name()} at {self._cluster_address(self.me)}")
     self.progress = job_watch.Progress()
     self.stop = job_stop.JobStop(self.board, self.me, cluster.is_chief,
-                                 self.name, received)
+                                 self.name, received or (lambda: None))
+    self._agrees_stops = received is not None
     self._watch = job_watch.JobWatch(self.board, self.me, self.names,
                                      self.progress, timeout_secs,
                                      on_end=self._watch_end)
@@ -136,9 +138,9 @@ class JobGuard:
 
   def hooks(self) -> list:
     """The hooks to run first in the task's `Estimator.train`."""
-    return [job_watch.ProgressHook(self.progress),
-            job_stop.StopHook(self.stop, lambda: self.progress.steps),
-            _GraphCheck(self)]
+    stops = ([job_stop.StopHook(self.stop, lambda: self.progress.steps)]
+             if self._agrees_stops else [])
+    return [job_watch.ProgressHook(self.progress), *stops, _GraphCheck(self)]
 
   def check_graph(self, graph: tf.Graph) -> None:
     """The second exchange: what the training graph holds."""
