@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from estimator_multigpu import strategies
+from estimator_multigpu.cluster import all_reduce_job
 
 import classifier
 
@@ -64,16 +64,6 @@ class Setting:
     return f"--{self.flag or self.name}"
 
 
-def _update_in_a_job(variable_update: str) -> str:
-  """"auto" across the tasks of an all-reduce job: what the registry picks
-  there (`replicated`); any other value is itself."""
-  try:
-    return strategies.choose(variable_update, "sync",
-                             replicate=True).variable_update
-  except ValueError:
-    return variable_update
-
-
 def _optimizer_settings() -> tuple:
   names = sorted({name for settings in classifier.OPTIMIZER_SETTINGS.values()
                   for name in settings})
@@ -103,7 +93,8 @@ SETTINGS = (
     Setting("image_size", "model", True, MUST_MATCH),
     Setting("moving_average_decay", "multi_gpu", True),
     Setting("clip_gradients_by_norm", "multi_gpu", True),
-    Setting("variable_update", "multi_gpu", True, in_job=_update_in_a_job),
+    Setting("variable_update", "multi_gpu", True,
+            in_job=all_reduce_job.variable_update_in_job),
     Setting("sync_batch_norm", "multi_gpu", True),
     Setting("accumulate_steps", "multi_gpu", True),
     Setting("mixed_precision", "multi_gpu", True),

@@ -5,7 +5,8 @@
 - the job's board on the chief's server (`board`) and the heartbeat watch
   (`job_watch.JobWatch`): a stopped or stuck peer ends every task;
 - before anything is built, a first exchange (`agreement`) of the job's
-  identity (cluster lists, job token) and the caller's settings,
+  identity (the cluster lists; the job token keys the board) and the
+  caller's settings,
   plus the chief's newest checkpoint step: a task of another job or with
   other settings is refused by name, and when the chief is already at
   `max_steps` every task says so in one line and returns;
