@@ -49,6 +49,7 @@ from estimator_multigpu.runtime import evaluation
 from estimator_multigpu.runtime import guards
 from estimator_multigpu.cluster import all_reduce_training
 from estimator_multigpu.cluster import job_control
+from estimator_multigpu.cluster import job_stop
 
 import classifier
 import datasets
@@ -85,23 +86,30 @@ def train(settings: Settings, estimator: tf.estimator.Estimator,
                setup.model_name, len(towers.devices),
                " with synchronized batch norm"
                if settings.multi_gpu.sync_batch_norm else "")
+  all_reduce = task is not None and task.all_reduce
   with guards.SignalStop(blocked_secs=settings.run.stop_grace_secs,
                         on_blocked=_on_blocked(task)) as stop:
     def train_with(extra_hooks):
+      # An all-reduce task stops at the step its job agrees on (job_stop).
+      own_stop = [] if all_reduce else [stop.hook()]
       estimator.train(
           input_fn, max_steps=max_steps,
-          hooks=[guards.NonFiniteLossHook(model_dir), stop.hook(),
+          hooks=[guards.NonFiniteLossHook(model_dir), *own_stop,
                  *extra_hooks],
           saving_listeners=[guards.FiniteCheckpointListener(model_dir)])
       return True
     if task is None:
       train_with([])
-    elif task.all_reduce:
-      options = _all_reduce_options(settings, task, towers, estimator)
+    elif all_reduce:
+      options = _all_reduce_options(settings, task, towers, estimator,
+                                    setup)
+      stopped = []
       if not all_reduce_training.run_task(
           estimator, train_with, settings.cluster.peer_timeout_secs,
-          **options, stop_received=lambda: stop.received):
+          **options, stop_received=lambda: stop.received,
+          on_stop=stopped.append):
         return NOTHING_LEFT
+      return stopped[0] if stopped else None  # its line is logged.
     else:
       job_control.run_trainer(task, train_with,
                               sync_replicas=settings.cluster.sync_replicas,
@@ -122,12 +130,13 @@ def _on_blocked(task: Optional[cluster.Task]):
 
 def _all_reduce_options(settings: Settings, task: cluster.Task,
                         towers: towers_lib.Towers,
-                        estimator: tf.estimator.Estimator) -> dict:
+                        estimator: tf.estimator.Estimator,
+                        setup: run_setup.ModelSetup) -> dict:
   """`run_task`'s options for train.py: the settings every task must share
   (cli/model_dir/run_settings.py), the tasks' names as started, the grace
   time."""
   shared = run_settings.across_tasks(
-      settings, estimator.params["classifier"], len(towers.devices))
+      settings, estimator.params["classifier"], len(towers.devices), setup)
   return dict(max_steps=settings.optimization.max_steps,
               names=cluster_task.task_names(
                   task, settings.cluster.worker_hosts is not None),
@@ -211,11 +220,24 @@ def finish(task: Optional[cluster.Task], settings: Settings,
   if received is None:
     log_done(task, settings)
     return 0
-  step = (estimator.get_variable_value("global_step")
-          if task is None or task.is_chief else "?")
-  logging.warning("Stopped by signal %d at step %s; checkpoint saved in %s",
-                  received, step, settings.run.model_dir)
+  if task is None or not task.all_reduce:  # an all-reduce task's is logged.
+    logging.warning("Stopped by signal %d%s", received,
+                    _saved(task, estimator, settings.run.model_dir))
   return 128 + received
+
+
+def _saved(task: Optional[cluster.Task], estimator: tf.estimator.Estimator,
+           model_dir: str) -> str:
+  """What a stopped run saved: only a checkpoint that is on disk."""
+  if task is not None and not task.is_chief:
+    return ("; this worker writes no checkpoint (the chief saves in "
+            f"{model_dir})")
+  step = int(estimator.get_variable_value("global_step"))
+  newest = job_stop.checkpoint_step(model_dir)
+  if newest == step:
+    return f" at step {step}; checkpoint saved in {model_dir}"
+  return (f" at step {step}; step {step} was not saved: the newest "
+          f"checkpoint in {model_dir} is {newest}")
 
 
 def log_done(task: Optional[cluster.Task], settings: Settings) -> None:

@@ -12,20 +12,28 @@ stop eval.py and export.py too (`cli.model_dir.run_config.check_matches`);
 those may read other data.
 
 Each value is read from the run's resolved classifier configuration
-(`classifier.ClassifierConfig`, after a resume read its record) or from a
-group of train.py's settings (`cli.settings.TrainSettings`).
+(`classifier.ClassifierConfig`, after a resume read its record), from what
+the run trains on (`cli.run_setup.ModelSetup`: the split as resolved, the
+script's default or the record's) or from a group of train.py's settings
+(`cli.settings.TrainSettings`). Across tasks a value compares as what it
+resolves to there: `--variable_update=auto` is `replicated` in an
+all-reduce job (the strategy registry's choice), so it agrees with an
+explicit `replicated`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Callable, Optional
+
+from estimator_multigpu.cluster import all_reduce_job
 
 import classifier
 
 MUST_MATCH = "must match on resume"
 MAY_CHANGE = "may change on resume"
 CLASSIFIER = "classifier"  # read from the ClassifierConfig.
+SETUP = "setup"  # read from the run's ModelSetup (else its data settings).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +48,7 @@ class Setting:
     every_script: MUST_MATCH in eval.py and export.py too.
     schedule: part of the learning-rate schedule (a resume reports changes).
     flag: the flag that sets it (default: `name`).
+    in_job: what a value means in an all-reduce job (default: itself).
   """
   name: str
   source: str
@@ -48,6 +57,7 @@ class Setting:
   every_script: bool = False
   schedule: bool = False
   flag: Optional[str] = None
+  in_job: Optional[Callable[[Any], Any]] = None
 
   @property
   def flag_name(self) -> str:
@@ -78,11 +88,13 @@ SETTINGS = (
     *_optimizer_settings(),
     Setting("batch_size", "data", True),
     Setting("dataset_name", "data", True, MUST_MATCH),
+    Setting("dataset_split_name", SETUP, True),
     Setting("dataset_dir", "data", False, MUST_MATCH),  # paths differ by host.
     Setting("image_size", "model", True, MUST_MATCH),
     Setting("moving_average_decay", "multi_gpu", True),
     Setting("clip_gradients_by_norm", "multi_gpu", True),
-    Setting("variable_update", "multi_gpu", True),
+    Setting("variable_update", "multi_gpu", True,
+            in_job=all_reduce_job.variable_update_in_job),
     Setting("sync_batch_norm", "multi_gpu", True),
     Setting("accumulate_steps", "multi_gpu", True),
     Setting("mixed_precision", "multi_gpu", True),
@@ -105,21 +117,34 @@ def names(on_resume: Optional[str] = None, schedule: Optional[bool] = None,
 
 
 def across_tasks(settings, config: classifier.ClassifierConfig,
-                 towers_per_task: int) -> dict:
-  """{flag: value} of every setting the tasks of a job must share.
+                 towers_per_task: int, setup=None) -> dict:
+  """{flag: value} of every setting the tasks of a job must share, as it
+  resolves in the job.
 
   Args:
     settings: train.py's `TrainSettings`.
     config: the run's resolved ClassifierConfig.
     towers_per_task: this task's towers.
+    setup: the run's `ModelSetup` (None: its data settings as given).
   """
   values = {TOWERS: towers_per_task}
   for setting in SETTINGS:
     if setting.across_tasks:
-      source = (config if setting.source == CLASSIFIER else
-                getattr(settings, setting.source))
-      values[setting.flag_name] = _plain(getattr(source, setting.name))
+      value = getattr(_source(setting, settings, config, setup), setting.name)
+      values[setting.flag_name] = _plain((setting.in_job or _same)(value))
   return values
+
+
+def _source(setting: Setting, settings, config, setup):
+  if setting.source == CLASSIFIER:
+    return config
+  if setting.source == SETUP:
+    return setup if setup is not None else settings.data
+  return getattr(settings, setting.source)
+
+
+def _same(value):
+  return value
 
 
 def _plain(value):

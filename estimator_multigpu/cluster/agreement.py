@@ -7,10 +7,11 @@ on silently with diverging copies. So before the first step each task posts
 a description of what it trains on the job's board (`board`, no collective
 involved) and compares it with every other task's:
 
-- `identity`: the cluster (TF_CONFIG's lists), the model dir and a job token
-  (`EMG_JOB_TOKEN`, which the launcher sets): a task of another job that
-  reaches this job's address is refused by name. A guard against mistakes,
-  not authentication: anyone who reaches the port can run any graph.
+- `identity`: the cluster (TF_CONFIG's lists). A task of another job (another
+  `EMG_JOB_TOKEN`) never gets this far: it cannot read this job's entries
+  (`board_entries`) and is refused by name before any exchange
+  (`job_guard`). A guard against mistakes, not authentication: anyone who
+  reaches the port can run any graph.
 - `settings`: what the caller says must match (train.py: its table of
   settings, `cli/model_dir/run_settings.py`).
 - `graph`: what the package reads from the training graph: the variables'
@@ -95,10 +96,6 @@ def _line(part: str, setting: str, here, there, me: str, them: str,
   if setting == "cluster":
     return (f"The TF_CONFIG cluster lists differ: {values}. Give every task "
             "the same cluster (only `task` differs); the job stops.")
-  if setting == "job token":
-    return (f"Task {them} belongs to another job (job token {values}); it "
-            "reached this job's address by mistake: check the addresses "
-            "and ports given to each job; the job stops.")
   fix = f"give every task the same {how or setting}"
   return (f"Tasks disagree on {how or setting} ({part}): {values}. Every "
           f"task of an all-reduce job must train the same model the same "

@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
+from estimator_multigpu import strategies
 from estimator_multigpu.cross_tower import collectives
 
 tf1 = tf.compat.v1
@@ -194,3 +195,14 @@ def _receive(variable, cluster: AllReduceCluster, device: str):
   with tf.device(cluster.qualify(device)):
     chief = tf.stop_gradient(sum_over_tasks(mine, cluster, device))
   return variable.assign(tf.cast(chief, variable.dtype.base_dtype)).op
+
+
+def variable_update_in_job(variable_update: str) -> str:
+  """What `variable_update` is across the tasks of an all-reduce job:
+  "auto" is what the strategy registry picks there (replicated); any other
+  value is itself (a bad one is refused where it is checked)."""
+  try:
+    return strategies.choose(variable_update, "sync",
+                             replicate=True).variable_update
+  except ValueError:
+    return variable_update

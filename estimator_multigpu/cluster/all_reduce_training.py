@@ -67,7 +67,8 @@ def run_task(estimator: tf.estimator.Estimator,
              max_steps: Optional[int] = None, names: Optional[dict] = None,
              settings: Optional[dict] = None,
              setting_names: Optional[dict] = None,
-             stop_received: Callable[[], Optional[int]] = lambda: None,
+             stop_received: Optional[Callable[[], Optional[int]]] = None,
+             on_stop: Callable[[int], None] = lambda number: None,
              grace_secs: float = 30.0) -> Any:
   """Starts this all-reduce task's server, then `train(hooks)` under a
   `PeerWatch` and a `job_guard.JobGuard`; returns what `train` returned
@@ -83,7 +84,11 @@ def run_task(estimator: tf.estimator.Estimator,
     names: {task ("worker:0"): how it was started}, for the messages.
     settings: {setting: value} every task must share; `setting_names`:
       {setting: how the user sets it}.
-    stop_received: the stop signal received, if any (`SignalStop`).
+    stop_received: the stop signal received, if any (`SignalStop`): the
+      job then stops at one step, the chief saving it (`job_stop`; one
+      small board call per step). None: no stop is agreed.
+    on_stop: called with the signal when the job stopped so (this task's
+      one line is logged).
     grace_secs: how long after a stop signal the task may take to end.
 
   Raises:
@@ -104,20 +109,22 @@ def run_task(estimator: tf.estimator.Estimator,
                server.target)
   guard = job_guard.JobGuard(cluster, server.target, estimator.model_dir,
                              peer_timeout_secs, names, settings,
-                             setting_names)
+                             setting_names, stop_received)
   with health.PeerWatch(peers(cluster, guard.names), peer_timeout_secs,
                         on_dead=guard.peer_gone) as watch, guard, _current(
                             guard):
-    guard.watch_stop(stop_received, grace_secs)
+    guard.watch_stop(grace_secs)
     if not guard.greet(max_steps):
       return None
     try:
       result = train(guard.hooks())
-    except tf.errors.OpError:
+    except tf.errors.OpError as error:
       watch.end_if_a_peer_is_gone()
+      guard.failed(error)  # the peers end naming this error, not this task.
       raise
-    if stop_received() is not None:
-      guard.stopped(stop_received())
+    stopped = guard.finish_stop(grace_secs / 2)
+    if stopped is not None:
+      on_stop(stopped)
     return result
 
 

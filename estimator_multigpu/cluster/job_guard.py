@@ -5,31 +5,32 @@
 - the job's board on the chief's server (`board`) and the heartbeat watch
   (`job_watch.JobWatch`): a stopped or stuck peer ends every task;
 - before anything is built, a first exchange (`agreement`) of the job's
-  identity (cluster lists, job token) and the caller's settings,
+  identity (the cluster lists; the job token keys the board) and the
+  caller's settings,
   plus the chief's newest checkpoint step: a task of another job or with
   other settings is refused by name, and when the chief is already at
   `max_steps` every task says so in one line and returns;
 - in the training graph's `begin` (built, no session yet, no collective
   run), a second exchange of what the graph holds (`graph` round);
-- a stop signal: a task posts why it stopped, so its peers, waiting for it
-  in the all-reduce, end at once with the same line; a task whose step does
-  not finish within the grace time leaves without a final checkpoint
+- a stop signal to any task: the job stops at one agreed step and the
+  chief saves it (`job_stop`); a task whose step does not finish within
+  the grace time leaves without a final checkpoint, saying which stands
   (`abandon`).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu.cluster import agreement
 from estimator_multigpu.cluster import board as board_lib
+from estimator_multigpu.cluster import job_stop
 from estimator_multigpu.cluster import job_watch
 
 tf1 = tf.compat.v1
@@ -50,28 +51,36 @@ class JobGuard:
     names: {task ("worker:0"): how it was started}; default the task name.
     settings: {setting: value} every task must share (JSON values).
     setting_names: {setting: how the user sets it (a flag)}.
+    received: this task's stop signal, if any (`SignalStop`); None: the
+      caller handles no signal, so no stop is agreed (no per-step call).
   """
 
   def __init__(self, cluster, target: str, model_dir: str,
                timeout_secs: float, names: Optional[dict] = None,
                settings: Optional[dict] = None,
-               setting_names: Optional[dict] = None):
+               setting_names: Optional[dict] = None,
+               received: Optional[Callable[[], Optional[int]]] = None):
     self.tasks = [_task_name(device) for device in cluster.tasks]
     self.me = self.tasks[cluster.position]
     self.names = {task: (names or {}).get(task, task) for task in self.tasks}
     self._cluster, self._model_dir = cluster, model_dir
     self._timeout, self._settings = timeout_secs, dict(settings or {})
     self._setting_names = setting_names
-    self.board = board_lib.Board(target, cluster.tasks[cluster.position],
-                                 cluster.leader)
+    self._foreign_chief = False
+    self.board = board_lib.Board(
+        target, cluster.tasks[cluster.position], cluster.leader,
+        token=os.environ.get(TOKEN_VARIABLE, "(none)"), me=self.me,
+        started=f"{self.name()} at {self._cluster_address(self.me)}")
     self.progress = job_watch.Progress()
+    self.stop = job_stop.JobStop(self.board, self.me, cluster.is_chief,
+                                 self.name, received or (lambda: None))
+    self._agrees_stops = received is not None
     self._watch = job_watch.JobWatch(self.board, self.me, self.names,
                                      self.progress, timeout_secs,
-                                     on_end=self.end)
+                                     on_end=self._watch_end)
 
   def __enter__(self) -> "JobGuard":
-    self._watch.__enter__()
-    return self
+    return self  # the heartbeats start in `greet`.
 
   def __exit__(self, *exc_info) -> None:
     self._watch.__exit__(*exc_info)
@@ -83,10 +92,9 @@ class JobGuard:
     return max(10 * self._timeout, 600.0)
 
   def identity(self) -> dict:
-    """What tells this job apart: the cluster lists and the job token (a
-    guard against mistakes, not authentication)."""
-    return {"cluster": self._cluster.cluster,
-            "job token": os.environ.get(TOKEN_VARIABLE, "(none)")}
+    """What tells this job apart beyond its token (whose entries a task of
+    another job never reads: `board_entries`): the cluster lists."""
+    return {"cluster": self._cluster.cluster}
 
   def greet(self, max_steps: Optional[int]) -> bool:
     """The first exchange; False when the chief has nothing left to train
@@ -94,6 +102,9 @@ class JobGuard:
 
     Ends the task (status 1, one line) when a task disagrees.
     """
+    self._reach_chief()
+    self._read_round("hello")  # a chief of another job: refused first.
+    self._watch.__enter__()
     mine = {"identity": self.identity(), "settings": self._settings}
     posted = self._exchange("hello", mine)
     step = posted[self.tasks[0]].get("chief step")
@@ -107,9 +118,30 @@ class JobGuard:
       self._linger("hello")
     return False
 
+  def _reach_chief(self) -> None:
+    """Waits at most the peer timeout for the chief's server (the board's
+    first call); else ends the task with one line naming the chief."""
+    try:
+      self.board.connect(self._timeout)
+    except tf.errors.OpError:
+      chief = self.tasks[0]
+      self.end(f"task {self.name(chief)} ({self._cluster_address(chief)}) "
+               f"has not answered within --peer_timeout_secs="
+               f"{self._timeout:g} s: it is not running (never started, or "
+               "it gave up) or its address is wrong; this task "
+               f"({self.name()}) ends. Start every task of the job with the "
+               "same cluster: training resumes from the chief's newest "
+               "checkpoint.")
+
+  def _cluster_address(self, task: str) -> str:
+    job, index = task.split(":")
+    return self._cluster.cluster[job][int(index)]
+
   def hooks(self) -> list:
     """The hooks to run first in the task's `Estimator.train`."""
-    return [job_watch.ProgressHook(self.progress), _GraphCheck(self)]
+    stops = ([job_stop.StopHook(self.stop, lambda: self.progress.steps)]
+             if self._agrees_stops else [])
+    return [job_watch.ProgressHook(self.progress), *stops, _GraphCheck(self)]
 
   def check_graph(self, graph: tf.Graph) -> None:
     """The second exchange: what the training graph holds."""
@@ -117,17 +149,45 @@ class JobGuard:
 
   def _exchange(self, round_name: str, mine: dict) -> dict:
     if self._cluster.is_chief and round_name == "hello":
-      mine["chief step"] = _checkpoint_step(self._model_dir)
+      mine["chief step"] = job_stop.checkpoint_step(self._model_dir)
     try:
       return agreement.exchange(
           lambda entry: self.board.post(f"{round_name}/{self.me}", entry),
-          lambda: _by_task(self.board.read(f"{round_name}/")), self.me,
+          lambda: self._read_round(round_name), self.me,
           self.tasks, mine, self.wait_secs, self.names, self._setting_names)
     except agreement.DisagreementError as error:
       self.end(str(error), linger=round_name)
     except (TimeoutError, tf.errors.OpError) as error:
+      self._refuse_if_foreign()
       self.end(f"{self.name()}: {_message(error)}")
     raise AssertionError("unreachable")  # `end` exits.
+
+  def _read_round(self, round_name: str) -> dict:
+    """{task: entry} of a round (after `_refuse_if_foreign`)."""
+    posted = _by_task(self.board.read(f"{round_name}/"))
+    if self.tasks[0] not in posted:
+      self._refuse_if_foreign()
+    return posted
+
+  def _refuse_if_foreign(self) -> None:
+    """A worker whose chief's address holds a chief of another job (its
+    entries under another token) ends, saying so, before it posts
+    anything (a stray's writes reach the other job's tasks)."""
+    chief = self.tasks[0]
+    strays = [f for f in self.board.foreign if f.task == chief]
+    if strays and not self._cluster.is_chief:
+      self._foreign_chief = True
+      try:  # the chief names this task in its log.
+        self.board.notify(f"refused/{self.me}", {})
+      except tf.errors.OpError:
+        pass
+      self.end(
+          f"The chief at {self._cluster_address(chief)} belongs to another "
+          f"job ({strays[0].name}; its board entries are not signed with "
+          f"this task's EMG_JOB_TOKEN): this task ({self.name()}) is not "
+          "part of that job and ends before joining it; that job trains "
+          "on. Check the addresses (--worker_hosts / TF_CONFIG) and the "
+          "job token given to each task.")
 
   def name(self, task: Optional[str] = None) -> str:
     return self.names[task or self.me]
@@ -139,7 +199,9 @@ class JobGuard:
     if not job_watch.claim_end():
       job_watch.wait_for_exit()
     try:
-      self.board.post(f"end/{self.me}", {"line": line})
+      if self.board.connected and not self._foreign_chief:  # else the
+        # chief never answered, or is another job's.
+        self.board.post(f"end/{self.me}", {"line": line})
     except tf.errors.OpError:
       pass  # the chief is gone: the peers find that out themselves.
     if linger and self._cluster.is_chief:
@@ -150,22 +212,25 @@ class JobGuard:
 
   def peer_gone(self, line: str) -> None:
     """`health.PeerWatch`'s end: a peer that posted why it ended is named
-    by its own line, else by `line`."""
+    by its own line, else by `line`. During an agreed stop a peer that
+    left is no fault."""
+    if self.stop.stopping:
+      return
     try:
       ended = [entry["line"] for key, entry in
                sorted(self.board.read("end/").items())
-               if key != f"end/{self.me}"]
+               if key != f"end/{self.me}"] if self.board.connected else []
     except tf.errors.OpError:
       ended = []
     self.end(ended[0] if ended else line)
 
-  def stopped(self, signal_number: int) -> None:
-    """After a stop signal, once this task's training returned: tells the
-    peers (still waiting for it in the all-reduce) why the job ends."""
-    line = (f"task {self.name()} stopped on {_signal_name(signal_number)} "
-            f"after step {self.progress.steps} of this run; the job ends "
-            "(restart every task to resume from the chief's newest "
-            "checkpoint).")
+  def failed(self, error: Exception) -> None:
+    """This task's training raised (a checkpoint it could not write, ...):
+    posts why, so every peer ends with the real cause in its line; the
+    caller then reports the error itself."""
+    line = (f"task {self.name()} failed: {type(error).__name__}: "
+            f"{_message(error)}; the job stops (fix that, then restart every "
+            "task: training resumes from the chief's newest checkpoint).")
     try:
       self.board.post(f"end/{self.me}", {"line": line})
     except tf.errors.OpError:
@@ -173,21 +238,41 @@ class JobGuard:
     if self._cluster.is_chief:  # the peers' next read finds the line.
       time.sleep(_END_LINGER_SECS)
 
-  def watch_stop(self, received, grace_secs: float) -> None:
-    """Ends the task `grace_secs` after `received()` first names a signal,
-    should it still be running then (a final save or a teardown that
-    hangs): whatever its state, a stopped task exits within the grace."""
+  def _watch_end(self, line: str) -> None:
+    """`JobWatch`'s end, except during an agreed stop (peers leave then)."""
+    if not self.stop.stopping:
+      self.end(line)
+
+  def finish_stop(self, wait_secs: float) -> Optional[int]:
+    """After training returned: on an agreed stop, logs this task's one
+    line (the step the chief saved) and returns the signal; else None."""
+    if not self.stop.stopping:
+      return None
+    logging.warning("%s", self.stop.finish(self._model_dir, wait_secs))
+    try:
+      self.board.post(f"stopped/{self.me}", {})
+    except tf.errors.OpError:
+      return self.stop.signal()
+    if self._cluster.is_chief:
+      self._linger("stopped")
+    return self.stop.signal()
+
+  def watch_stop(self, grace_secs: float) -> None:
+    """Ends the task `grace_secs` after a stop signal (its own or the
+    agreed stop's), should it still be running then (a step, a final save
+    or a teardown that hangs): whatever its state, a stopped task exits
+    within the grace."""
     def watch():
-      while received() is None:
+      while self.stop.signal() is None:
         time.sleep(agreement.POLL_SECS)
       time.sleep(grace_secs)
-      self.abandon(received(), grace_secs)
+      self.abandon(self.stop.signal(), grace_secs)
     threading.Thread(target=watch, daemon=True, name="stop-grace").start()
 
   def abandon(self, signal_number: int, waited_secs: float) -> None:
     """A stop signal whose step did not finish in time: leave without a
     final checkpoint (the newest one stands)."""
-    line = (f"{self.name()}: {_signal_name(signal_number)} arrived "
+    line = (f"{self.name()}: {job_stop.signal_name(signal_number)} arrived "
             f"{waited_secs:.0f} s ago, but this task has not stopped: its "
             "step (or final save) has not finished (an all-reduce step waits "
             "for every task: is one stopped or gone?). Exiting without a "
@@ -230,20 +315,14 @@ def _by_task(entries: dict) -> dict:
   return {key.split("/", 1)[1]: entry for key, entry in entries.items()}
 
 
-def _checkpoint_step(model_dir: str) -> Optional[int]:
-  checkpoint = tf.train.latest_checkpoint(model_dir)
-  if checkpoint is None:
-    return None
-  return int(tf.train.load_variable(checkpoint, "global_step"))
+_NOISE = ("Graph execution error", "Detected at node", "File ", "Node:",
+          "[[", "Original stack trace", "Additional GRPC", ":{", "{")
 
 
 def _message(error: Exception) -> str:
-  return getattr(error, "message", None) or str(error)
-
-
-def _signal_name(number: int) -> str:
-  try:
-    return signal.Signals(number).name
-  except ValueError:
-    return f"signal {number}"
-
+  """The error in one line, without what TensorFlow adds (the node, its
+  Python stack, gRPC's details)."""
+  text = getattr(error, "message", None) or str(error)
+  kept = [line.strip() for line in text.splitlines()
+          if line.strip() and not line.strip().startswith(_NOISE)]
+  return " ".join(kept) or type(error).__name__

@@ -10,7 +10,8 @@ Every task runs `python <script> <flags after -->` plus its cluster flags
 (`--ps_hosts`, `--worker_hosts`, `--job_name`, `--task_index`; worker 0 is
 the chief), or with `--tf_config` the same cluster in a TF_CONFIG environment
 variable. Addresses are free loopback ports (TensorFlow's servers still
-listen on every interface: one WARNING line says so), and every task gets
+listen on every interface: one WARNING line, `exposure_line`, says they
+are reachable from the network and how to close them), and every task gets
 the same job token (`EMG_JOB_TOKEN`), so a task of another job is refused by
 name. Each task writes
 `<log_dir>/<job>_<index>.log`. The launcher waits for the job, stops every
@@ -75,6 +76,19 @@ def free_ports(count: int) -> list:
       sock.close()
 
 
+def exposure_line(ports: list) -> str:
+  """The one line saying the ports are reachable from the network, and how
+  to close them."""
+  listed = ",".join(str(port) for port in ports)
+  return (f"Ports {listed} are reachable from the network: TensorFlow's "
+          "servers listen on 0.0.0.0 (every interface, whatever the cluster "
+          "names) without authentication and run any graph sent to them. To "
+          "close them: sudo iptables -I INPUT -p tcp -m multiport --dports "
+          f"{listed} ! -i lo -j DROP, or run the job in a container without "
+          "a network (docker run --network none); README: Who can reach the "
+          "job.")
+
+
 def task_flags(ps_hosts: list, worker_hosts: list, job: str, index: int,
                use_tf_config: bool) -> tuple:
   """The command-line flags and extra environment of one task."""
@@ -108,11 +122,7 @@ def start_cluster(tasks: list, script: str, script_args: list, num_ps: int,
   """
   ports = free_ports(num_ps + num_workers)
   hosts = [f"localhost:{port}" for port in ports]
-  logging.warning(
-      "Ports %s: TensorFlow's servers listen on every interface, not only "
-      "localhost, and run any graph sent to them; keep this machine's ports "
-      "firewalled (README: Who can reach the job).",
-      ",".join(str(port) for port in ports))
+  logging.warning("%s", exposure_line(ports))
   token = {TOKEN_VARIABLE: secrets.token_hex(8)}  # tells this job apart.
   ps_hosts, worker_hosts = hosts[:num_ps], hosts[num_ps:]
   jobs = ([(cluster.PS, i) for i in range(num_ps)] +

@@ -190,8 +190,9 @@ class SignalStop:
     del frame
     self.received = number
     self._handled.set()
-    logging.warning("Received %s: stopping after this step and saving a "
-                    "checkpoint.", signal.Signals(number).name)
+    logging.warning("Received %s: stopping after this step (the last line "
+                    "says which checkpoint was saved).",
+                    signal.Signals(number).name)
     signal.signal(number, self._previous[number])
 
   def _watch(self, read_fd: int) -> None:

@@ -6,13 +6,16 @@ Two trainings writing one model dir overwrite each other's checkpoints and
 holding the owner's host, PID and job, refreshes it every
 `HEARTBEAT_SECS` while training runs, and removes it at the end:
 
-- held by a live process: `ModelDirLockedError` naming host and PID and the
-  fix (wait, stop it, or choose another model dir);
-- left by a dead run (same host, PID gone; or another host whose heartbeat
+- held by a live process on this host: `ModelDirLockedError` naming host
+  and PID and the fix (wait, stop it, or choose another model dir) — also
+  when it is the same cluster job (a duplicate launch): the addresses
+  prove nothing about who is alive;
+- held on another host with a fresh heartbeat (a chief restarted there):
+  one INFO line, then a wait until the heartbeat is `STALE_SECS` old; a
+  heartbeat that moves meanwhile is a live run: refused as above;
+- left by a dead run (this host, PID gone; or another host whose heartbeat
   is older than `STALE_SECS`): taken over with a WARNING naming the old
-  owner;
-- the same `job` (a cluster job's chief restarted): taken over, since only
-  the chief of a job writes the model dir.
+  owner. Only a holder proven gone is taken over.
 
 On a cluster only the chief holds the lock (workers write no checkpoints;
 the evaluator only reads).
@@ -70,16 +73,32 @@ def pid_alive(pid: int) -> bool:
   return True
 
 
-def is_live(owner: dict, path: str, job: Optional[str]) -> bool:
-  """Whether `owner` (read from `path`) still writes the model dir."""
-  if not owner or (job is not None and owner.get("job") == job):
+def is_live(owner: dict, path: str, job: Optional[str] = None) -> bool:
+  """Whether `owner` (read from `path`) still writes the model dir: its
+  PID runs on this host, or (another host) its heartbeat is fresh. `job`
+  plays no part: the same job's addresses do not prove its chief gone."""
+  del job
+  if not owner:
     return False
-  if owner.get("host") == socket.gethostname():
+  if _on_this_host(owner):
     return owner.get("pid") != os.getpid() and pid_alive(int(owner["pid"]))
+  return _heartbeat_age(path) < STALE_SECS
+
+
+def _on_this_host(owner: dict) -> bool:
+  return owner.get("host") == socket.gethostname()
+
+
+def _heartbeat_age(path: str) -> float:
+  """Seconds since the lock was last refreshed (infinite: it is gone)."""
+  return time.time() - _mtime(path)
+
+
+def _mtime(path: str) -> float:
   try:
-    return time.time() - os.path.getmtime(path) < STALE_SECS
+    return os.path.getmtime(path)
   except OSError:
-    return False
+    return float("-inf")
 
 
 def describe(owner: dict) -> str:
@@ -121,12 +140,11 @@ def _create(path: str, owner: dict) -> bool:
 
 def _check_or_take_over(owner: dict, path: str, model_dir: str,
                         job: Optional[str]) -> None:
-  if is_live(owner, path, job):
-    raise ModelDirLockedError(
-        f"--model_dir={model_dir} is being written by another training, "
-        f"{describe(owner)}; two runs would overwrite each other's "
-        "checkpoints. Wait for it or stop it, or give another --model_dir "
-        f"(if that process is not training, delete {path}).")
+  del job  # the holder's job proves nothing about whether it is alive.
+  if owner and not _on_this_host(owner) and is_live(owner, path):
+    _wait_until_stale(owner, path, model_dir)
+  elif is_live(owner, path):
+    raise _locked(owner, path, model_dir)
   logging.warning("Taking over --model_dir=%s from %s, which no longer runs "
                   "(its lock %s was left behind).", model_dir,
                   describe(owner), path)
@@ -134,13 +152,44 @@ def _check_or_take_over(owner: dict, path: str, model_dir: str,
     os.remove(path)
 
 
+def _locked(owner: dict, path: str, model_dir: str) -> ModelDirLockedError:
+  return ModelDirLockedError(
+      f"--model_dir={model_dir} is being written by another training, "
+      f"{describe(owner)}; two runs would overwrite each other's "
+      "checkpoints (a job launched twice?). Wait for it or stop it, or give "
+      f"another --model_dir (if that process is not training, delete {path}).")
+
+
+def _wait_until_stale(owner: dict, path: str, model_dir: str) -> None:
+  """Another host's lock: waits until its heartbeat is `STALE_SECS` old
+  (its run is gone); one that moves meanwhile is a live run.
+
+  Raises:
+    ModelDirLockedError: the heartbeat moved.
+  """
+  seen = _mtime(path)
+  logging.info("--model_dir=%s is held by %s, another host, whose heartbeat "
+               "is %.0f s old; waiting until it is %.0f s old (that run is "
+               "gone) before taking it over.", model_dir, describe(owner),
+               time.time() - seen, STALE_SECS)
+  while _heartbeat_age(path) < STALE_SECS:
+    time.sleep(min(1.0, STALE_SECS / 10))
+    if _mtime(path) > seen:
+      raise _locked(owner, path, model_dir)
+
+
 def release(path: str) -> None:
   """Removes the lock if this process still holds it."""
   owner = _read(path)
-  if owner and owner.get("pid") == os.getpid() and (
-      owner.get("host") == socket.gethostname()):
-    with contextlib.suppress(FileNotFoundError):
+  if owner and owner.get("pid") == os.getpid() and _on_this_host(owner):
+    try:
       os.remove(path)
+    except FileNotFoundError:
+      pass
+    except OSError as error:  # never hides why the run ended.
+      logging.warning("Could not remove the model dir's lock %s (%s); "
+                      "the next run takes it over (this PID is gone).",
+                      path, error.strerror or error)
 
 
 def _heartbeat(path: str, stop: threading.Event, secs: float) -> None:

@@ -43,14 +43,15 @@ class TrainTasks:
     self.hosts = ",".join(f"localhost:{port}" for port in ports)
     self.dir, self.args, self.processes = tmp_path, list(args), {}
 
-  def start(self, index, *args):
+  def start(self, index, *args, token=None):
     name = "chief" if index == 0 else f"worker{index}"
+    env = {**ENV, "EMG_JOB_TOKEN": token} if token else ENV
     with open(self.dir / f"{name}.log", "w") as log:
       self.processes[name] = subprocess.Popen(
           [sys.executable, os.path.join(ROOT, "train.py"), *TRAIN_FLAGS,
            *self.args, *args, f"--worker_hosts={self.hosts}",
            "--job_name=worker", f"--task_index={index}"],
-          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV,
+          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
           start_new_session=True)
     return self.processes[name]
 
@@ -208,21 +209,24 @@ def test_cluster_lists_that_differ_are_named_as_such(tmp_path):
   assert "The TF_CONFIG cluster lists differ" in tasks[0][2].read_text()
 
 
-def test_train_py_tasks_with_another_learning_rate_are_refused(tmp_path):
+def test_train_py_tasks_with_another_split_are_refused(tmp_path):
+  """The worker would train on the held-out split (was silent); the chief
+  gives the default split, which resolves to the same 'train' as the
+  worker's explicit one would (test_job_checks covers that)."""
   tasks = TrainTasks(tmp_path, f"--model_dir={tmp_path / 'model'}",
                      "--max_steps=20")
   try:
-    chief = tasks.start(0, "--learning_rate=0.1")
-    worker = tasks.start(1, "--learning_rate=0.2")
+    chief = tasks.start(0)
+    worker = tasks.start(1, "--dataset_split_name=eval")
     assert chief.wait(timeout=180) == 1 and worker.wait(timeout=60) == 1
   finally:
     tasks.stop()
   for name in ("chief", "worker1"):
     errors = error_lines(tasks.log(name))
     assert len(errors) == 1, tasks.log(name)[-2000:]
-    assert "Tasks disagree on --learning_rate" in errors[0]
-    assert "0.1 on worker --task_index=0 (the chief)" in errors[0]
-    assert "0.2 on worker --task_index=1" in errors[0]
+    assert "Tasks disagree on --dataset_split_name" in errors[0]
+    assert "'train' on worker --task_index=0 (the chief)" in errors[0]
+    assert "'eval' on worker --task_index=1" in errors[0]
 
 
 def test_sigterm_ends_a_chief_blocked_in_the_all_reduce(tmp_path):
@@ -250,22 +254,39 @@ def test_sigterm_ends_a_chief_blocked_in_the_all_reduce(tmp_path):
                        log[-2000:])
 
 
-def test_sigterm_to_the_chief_ends_the_job(tmp_path):
-  tasks = TrainTasks(tmp_path, f"--model_dir={tmp_path / 'model'}",
+@pytest.mark.parametrize("stopped", ["chief", "worker1"])
+def test_sigterm_to_any_task_stops_the_job_with_the_newest_step_saved(
+    tmp_path, stopped):
+  """The job agrees on one last step; the chief saves it; every task ends
+  with 128 + SIGTERM and one line naming the signal, the task and the
+  step saved (no "checkpoint saved" claim on a worker)."""
+  model_dir = tmp_path / "model"
+  tasks = TrainTasks(tmp_path, f"--model_dir={model_dir}",
                      "--max_steps=100000", "--save_checkpoints_steps=100000")
   try:
-    chief, worker = tasks.start(0), tasks.start(1)
+    # auto resolves to the chief's replicated: the tasks agree.
+    tasks.start(0), tasks.start(1, "--variable_update=auto")
     wait_until(lambda: last_step_logged(tasks.log("chief")) >= 5, 180,
                "the chief's 5th step")
-    os.kill(chief.pid, signal.SIGTERM)
-    assert chief.wait(timeout=60) == 128 + signal.SIGTERM, (
-        tasks.log("chief")[-3000:])
-    assert worker.wait(timeout=60) == 1, tasks.log("worker1")[-3000:]
+    os.kill(tasks.processes[stopped].pid, signal.SIGTERM)
+    codes = {name: process.wait(timeout=90)
+             for name, process in tasks.processes.items()}
   finally:
     tasks.stop()
-  assert "task worker --task_index=0 (the chief) stopped on SIGTERM" in (
-      tasks.log("worker1"))
-  assert checkpoint_step(tmp_path / "model") >= 5  # its final checkpoint.
+  assert codes == {"chief": 128 + signal.SIGTERM,
+                   "worker1": 128 + signal.SIGTERM}, codes
+  saved = checkpoint_step(model_dir)
+  assert saved > 5
+  who = {"chief": "worker --task_index=0 (the chief)",
+         "worker1": "worker --task_index=1"}[stopped]
+  for name in ("chief", "worker1"):
+    log = tasks.log(name)
+    lines = [line for line in log.splitlines() if "The job stopped" in line]
+    assert len(lines) == 1, log[-3000:]
+    assert f"The job stopped on SIGTERM to task {who}" in lines[0]
+    assert f"the chief saved checkpoint {saved} in" in lines[0], lines
+    assert not error_lines(log), error_lines(log)
+    assert "Stopped by signal" not in log
 
 
 def test_a_port_in_use_names_the_address(tmp_path):
@@ -280,3 +301,31 @@ def test_a_port_in_use_names_the_address(tmp_path):
   assert codes["chief:0"] != 0
   assert f"cannot listen on its address localhost:{port}" in (
       tasks[0][2].read_text()), tasks[0][2].read_text()[-2000:]
+
+
+def test_a_checkpoint_the_chief_cannot_write_is_named_on_every_task(
+    tmp_path):
+  """The chief's save of step 20 fails (its files cannot be written: a
+  directory stands where the checkpoint's index goes, as a read-only model
+  dir would): the chief's line and the worker's name that write, not the
+  lock file or the chief's absence."""
+  model_dir = tmp_path / "model"
+  tasks = TrainTasks(tmp_path, f"--model_dir={model_dir}",
+                     "--max_steps=100000", "--save_checkpoints_steps=20")
+  try:
+    tasks.start(0), tasks.start(1)
+    wait_until(lambda: last_step_logged(tasks.log("chief")) >= 2, 180,
+               "the chief's 2nd step")
+    (model_dir / "model.ckpt-20.index").mkdir()
+    codes = {name: process.wait(timeout=120)
+             for name, process in tasks.processes.items()}
+  finally:
+    tasks.stop()
+  assert codes["chief"] != 0 and codes["worker1"] == 1, codes
+  chief, worker = tasks.log("chief"), tasks.log("worker1")
+  assert "model.ckpt-20" in chief.splitlines()[-1], chief[-2000:]
+  assert "train.lock" not in chief.splitlines()[-1]
+  lines = error_lines(worker)
+  assert len(lines) == 1, worker[-3000:]
+  assert "task worker --task_index=0 (the chief) failed:" in lines[0]
+  assert "model.ckpt-20" in lines[0], lines

@@ -1,12 +1,17 @@
 """The all-reduce job's checks without processes: the settings table, the
 tasks' names, the disagreement lines and the heartbeat judgement."""
 
+import dataclasses
+import json
+import types
+
 import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import cluster
 from estimator_multigpu.cluster import agreement
+from estimator_multigpu.cluster import board_entries
 from estimator_multigpu.cluster import job_watch
 from cli import cluster_task
 from cli import settings as settings_lib
@@ -31,6 +36,29 @@ def test_one_table_gives_the_resume_rules_and_the_shared_settings():
   assert "--save_checkpoints_steps" not in shared  # only the chief saves.
 
 
+@pytest.mark.parametrize("mine,theirs,differs", [
+    ({"variable_update": "auto"}, {"variable_update": "replicated"}, None),
+    ({"variable_update": "auto"}, {"variable_update": "shared"},
+     "--variable_update"),
+    ({"dataset_split_name": None}, {"dataset_split_name": "train"}, None),
+    ({"dataset_split_name": None}, {"dataset_split_name": "eval"},
+     "--dataset_split_name"),
+])
+def test_settings_compare_as_they_resolve_in_a_job(mine, theirs, differs):
+  """auto is replicated in an all-reduce job; no split is train.py's."""
+  def shared(**given):
+    group = "multi_gpu" if "variable_update" in given else "data"
+    settings = settings_lib.TrainSettings()
+    settings = dataclasses.replace(settings, **{group: dataclasses.replace(
+        getattr(settings, group), **given)})
+    setup = types.SimpleNamespace(
+        dataset_split_name=given.get("dataset_split_name") or "train")
+    return run_settings.across_tasks(settings, classifier.ClassifierConfig(),
+                                     2, setup)
+  found = agreement.first_difference(shared(**mine), shared(**theirs))
+  assert (found or [None])[0] == differs, found
+
+
 def test_tasks_are_named_as_they_were_started():
   task = cluster.task_from_flags([], ["a:1", "b:1", "c:1"], "worker", 1)
   assert cluster_task.task_names(task, by_flags=True) == {
@@ -47,18 +75,41 @@ def test_tasks_are_named_as_they_were_started():
     ({"identity": {"cluster": {"chief": ["b:1"]}}},
      "The TF_CONFIG cluster lists differ: {'chief': ['a:1']} on chief:0, "
      "{'chief': ['b:1']} on worker:0"),
-    ({"identity": {"job token": "y"}},
-     "Task worker:0 belongs to another job (job token 'x' on chief:0, 'y' on "
-     "worker:0)"),
 ])
 def test_a_disagreement_is_one_line_with_both_values(theirs, expected):
-  mine = {"identity": {"cluster": {"chief": ["a:1"]}, "job token": "x"},
+  mine = {"identity": {"cluster": {"chief": ["a:1"]}},
           "settings": {"--learning_rate": 0.1}}
   line = agreement.disagreement(mine, {**mine, **{
       part: {**mine[part], **values} for part, values in theirs.items()}},
                                 "chief:0", "worker:0")
   assert line.startswith(expected) and "\n" not in line
   assert agreement.disagreement(mine, dict(mine), "chief:0", "w") is None
+
+
+def test_board_entries_are_keyed_and_signed_by_the_job_token():
+  ours, theirs = board_entries.JobSeal("t1"), board_entries.JobSeal("t2")
+  text = ours.seal("hello/worker:0", {"x": 1}, "worker:0", "w at a:1")
+  assert "t1" not in text  # the token is never stored.
+  assert ours.open(text) == ("hello/worker:0", {"x": 1})
+  assert ours.key_name("beat/chief:0") != theirs.key_name("beat/chief:0")
+  assert theirs.open(text) == board_entries.Foreign(ours.job, "worker:0",
+                                                    "w at a:1")
+  forged = json.loads(text)
+  forged["entry"] = {"line": "the job ends"}  # changed without the token.
+  assert isinstance(ours.open(json.dumps(forged)), board_entries.Foreign)
+  assert ours.open(b"not json") is None
+  entries, foreign = board_entries.opened_entries(
+      ours, [text, theirs.seal("end/chief:0", {}, "chief:0", "c")], "hello/")
+  assert entries == {"hello/worker:0": {"x": 1}}
+  assert [f.task for f in foreign] == ["chief:0"]
+
+
+def test_the_launcher_says_the_ports_are_open_and_how_to_close_them():
+  from estimator_multigpu.cluster import launch  # pylint: disable=g-import-not-at-top
+  line = launch.exposure_line([40001, 40002])
+  assert "\n" not in line and "reachable from the network" in line
+  assert "0.0.0.0" in line
+  assert "--dports 40001,40002 ! -i lo -j DROP" in line
 
 
 def test_the_graph_description_reads_variables_optimizer_and_towers():
