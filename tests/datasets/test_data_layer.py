@@ -57,7 +57,8 @@ def test_converter_refuses_a_class_folder_without_images(tmp_path):
     convert.convert_image_folder(str(tmp_path / 'in'), str(tmp_path / 'out'))
   assert str(error.value).startswith(
       f"class folder(s) {tmp_path}/in/cow, {tmp_path}/in/dog hold no image "
-      'file (.png, .jpg, .jpeg, .bmp, .gif)')
+      f'file (TensorFlow {tf.__version__} decodes BMP, GIF, JPEG, PNG; found '
+      'instead: .txt 1)')
   assert 'Add its images, or move the folder out of image_dir' in str(
       error.value)
   assert not os.path.exists(tmp_path / 'out')  # nothing written.
