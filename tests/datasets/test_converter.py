@@ -1,7 +1,7 @@
 """The converter of issue 44: all or nothing (a failure leaves the output
 folder as it was, a rerun needs no --overwrite), every format this
 TensorFlow decodes, EXIF orientation applied, skipped files counted and
-named.
+named; and the readers' check that a split is whole.
 
 Images come from the pure-Python encoders of test_data.py; expected pixels
 are numpy turns of the originals, written out by hand per orientation.
@@ -288,3 +288,72 @@ def test_the_converter_stores_photos_upright(tmp_path, value):
   want = exif.upright(original, value)
   np.testing.assert_array_equal(np.round(images[1] * 255), want)  # PNG.
   assert np.abs(images[0] * 255 - want).mean() < 8  # JPEG, twice encoded.
+
+
+# ------------------------------------------------------ the split is whole
+
+
+def shards_of(out: str, split: str = 'train') -> list:
+  return sorted(os.path.join(out, n) for n in os.listdir(out)
+                if n.startswith(split + '-'))
+
+
+@pytest.fixture
+def converted(tmp_path) -> str:
+  image_dir = folder(tmp_path, {'a': pngs(3), 'b': pngs(3, 10)})
+  out = str(tmp_path / 'out')
+  convert.convert_image_folder(image_dir, out, num_shards=3)
+  return out
+
+
+def test_a_missing_shard_is_refused_naming_it(converted):
+  os.remove(os.path.join(converted, 'train-00001-of-00003.tfrecord'))
+  with pytest.raises(ValueError) as error:
+    datasets.find_shards(converted, 'train')
+  assert str(error.value) == (
+      f"Split 'train' in {converted} is incomplete: 1 of its 3 shards "
+      'missing (train-00001-of-00003.tfrecord); reading the rest would '
+      'train or evaluate on part of the data. Copy the missing files, or '
+      'convert the images again (python convert.py).')
+  os.remove(os.path.join(converted, 'splits.json'))  # by the names alone.
+  with pytest.raises(ValueError, match='1 of its 3 shards missing'):
+    datasets.find_shards(converted, 'train')
+
+
+def test_shards_of_two_conversions_are_refused(converted, tmp_path):
+  os.remove(os.path.join(converted, 'splits.json'))
+  other = tmp_path / 'in'
+  convert.convert_image_folder(str(other), str(tmp_path / 'o2'), num_shards=2)
+  os.rename(tmp_path / 'o2' / 'train-00000-of-00002.tfrecord',
+            os.path.join(converted, 'train-00000-of-00002.tfrecord'))
+  with pytest.raises(ValueError, match=re.escape(
+      "Split 'train' in " + converted + ' mixes the shards of 2 '
+      'conversions: -of-00002 (1 files), -of-00003 (3 files).')):
+    datasets.find_shards(converted, 'train')
+
+
+def test_a_cut_shard_is_refused_by_its_recorded_size(converted):
+  path = shards_of(converted)[2]
+  size = os.path.getsize(path)
+  os.truncate(path, size - 5)
+  with pytest.raises(ValueError, match=re.escape(
+      f'Shard train-00002-of-00003.tfrecord of split \'train\' in '
+      f'{converted} holds {size - 5} bytes, but the converter wrote {size} '
+      '(2 records) (splits.json)')):
+    datasets.find_shards(converted, 'train')
+
+
+def test_a_recorded_shard_renamed_away_is_refused(converted):
+  record = split_record.read(converted)
+  record['train'].append({'file': 'train-00003-of-00003.tfrecord',
+                          'records': 4, 'bytes': 10})
+  split_record.write(os.path.join(converted, 'splits.json'), record)
+  with pytest.raises(ValueError, match=re.escape(
+      'Shard train-00003-of-00003.tfrecord of split \'train\' in '
+      f'{converted} is missing: the converter wrote it (4 records)')):
+    datasets.find_shards(converted, 'train')
+
+
+def test_records_without_a_record_file_still_read(converted):
+  os.remove(os.path.join(converted, 'splits.json'))
+  assert len(datasets.find_shards(converted, 'train')) == 3

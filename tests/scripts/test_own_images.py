@@ -61,3 +61,35 @@ def test_a_failed_conversion_leaves_nothing_and_reruns_without_overwrite(
   assert sorted(os.listdir(out)) == [
       "labels.txt", "splits.json", "train-00000-of-00002.tfrecord",
       "train-00001-of-00002.tfrecord"]
+
+
+def converted(tmp_path) -> str:
+  """Records of 8 images: train (2 shards) and eval (2 shards)."""
+  from datasets import convert as converter  # pylint: disable=g-import-not-at-top
+  out = str(tmp_path / "data")
+  converter.convert_image_folder(image_folder(tmp_path, bad_class=False), out,
+                                 num_shards=2, validation_percentage=50)
+  return out
+
+
+def test_train_and_eval_refuse_a_split_with_a_missing_shard(tmp_path, capsys):
+  data = converted(tmp_path)
+  model = str(tmp_path / "model")
+  flags = [f"--dataset_dir={data}", "--dataset_name=tfrecord",
+           "--image_size=8", "--batch_size=2", f"--model_dir={model}"]
+  assert run_in_process("train", [*flags, "--max_steps=1"]) == 0
+  os.remove(os.path.join(data, "eval-00001-of-00002.tfrecord"))
+  os.remove(os.path.join(data, "train-00000-of-00002.tfrecord"))
+  capsys.readouterr()
+  assert run_in_process("train", [*flags, "--max_steps=2"]) == 2
+  assert the_error_line(capsys.readouterr().err, "train") == (
+      f"train.py: error: Split 'train' in {data} is incomplete: 1 of its 2 "
+      "shards missing (train-00000-of-00002.tfrecord); reading the rest "
+      "would train or evaluate on part of the data. Copy the missing files, "
+      "or convert the images again (python convert.py).")
+  assert run_in_process("eval", [f"--model_dir={model}", "--once"]) == 2
+  assert the_error_line(capsys.readouterr().err, "eval") == (
+      f"eval.py: error: Split 'eval' in {data} is incomplete: 1 of its 2 "
+      "shards missing (eval-00001-of-00002.tfrecord); reading the rest "
+      "would train or evaluate on part of the data. Copy the missing files, "
+      "or convert the images again (python convert.py).")
