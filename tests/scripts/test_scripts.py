@@ -2,6 +2,7 @@
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -133,7 +134,9 @@ def test_train_eval_export_serve_with_model_dir_alone(tmp_path):
   assert len(lines) <= STDERR_CEILING, trained.stderr
   assert len(progress_lines(trained.stderr)) >= len(lines) // 2
   assert len(progress_lines(trained.stderr)) >= 9  # every 3 of 30 steps.
-  assert "ETA" in progress_lines(trained.stderr)[0]
+  first = progress_lines(trained.stderr)[0]  # after the first step (#44).
+  assert re.search(r"\] step [01]  loss .*  first step ", first), first
+  assert "ETA at most" in first
   for noise in ("deprecated", "INFO:tensorflow", "cpu_feature_guard",
                 "Instructions for updating"):
     assert noise not in trained.stderr
@@ -175,7 +178,8 @@ def serve_digits(saved_model):
   code = (
       "import sys, numpy as np, tensorflow as tf, datasets\n"
       "images, labels = datasets.load_digits_split('eval')\n"
-      "serve = tf.saved_model.load(sys.argv[1]).signatures['serving_default']\n"
+      "serve = tf.saved_model.load(sys.argv[1]).signatures[\n"
+      "    'float:serving_default']  # raw digits, 0..16 floats.\n"
       "raw = tf.constant(images.reshape(-1, 8, 8, 1).astype('float32'))\n"
       "print((serve(images=raw)['classes'].numpy() == labels).mean())\n")
   result = subprocess.run([sys.executable, "-c", code, saved_model],
