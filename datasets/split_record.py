@@ -46,6 +46,15 @@ def write(path: str, record: Dict[str, List[Shard]]) -> None:
     json.dump(record, f, indent=1, sort_keys=True)
 
 
+def recorded_count(data_dir: str, split: str) -> Optional[int]:
+  """The records the converter wrote to a split (None: not recorded)."""
+  shards = read(data_dir).get(split)
+  if not isinstance(shards, list) or not all(
+      isinstance(shard.get('records'), int) for shard in shards):
+    return None
+  return sum(shard['records'] for shard in shards)
+
+
 def describe(files: Sequence[str]) -> List[Shard]:
   """The record entries of freshly written shard files (records unknown:
   the converter adds them)."""

@@ -93,3 +93,13 @@ def test_train_and_eval_refuse_a_split_with_a_missing_shard(tmp_path, capsys):
       "shards missing (eval-00001-of-00002.tfrecord); reading the rest "
       "would train or evaluate on part of the data. Copy the missing files, "
       "or convert the images again (python convert.py).")
+
+
+def test_eval_counts_the_recorded_records_so_it_reads_no_further(tmp_path):
+  import eval as eval_script  # pylint: disable=g-import-not-at-top
+  data = converted(tmp_path)  # 4 held out: 2 of each class.
+  assert eval_script.num_eval_batches("tfrecord", "eval", 3, data) == 2
+  assert eval_script.num_eval_batches("tfrecord", "train", 4, data) == 1
+  os.remove(os.path.join(data, "splits.json"))
+  assert eval_script.num_eval_batches("tfrecord", "eval", 3, data) is None
+  assert eval_script.num_eval_batches("digits", "eval", 100) == 4  # 360.

@@ -149,6 +149,12 @@ def test_train_eval_export_serve_with_model_dir_alone(tmp_path):
   last = evaluated.stdout.strip().splitlines()[-1]
   assert last.startswith("accuracy=") and "global_step=30" in last
   assert len(evaluated.stderr.splitlines()) <= 6, evaluated.stderr
+  # Quiet and true (issue 44): no C++ teardown line at the end of the data
+  # (TF 2.21's "Local rendezvous is aborting"), metrics as plain numbers.
+  assert "rendezvous" not in evaluated.stderr.lower()
+  assert "np.float" not in evaluated.stderr
+  assert re.search(r"Evaluated \S+model.ckpt-30: accuracy=0\.\d{4} "
+                   r"global_step=30 loss=", evaluated.stderr)
   assert {"accuracy", "loss", "top_5"} <= scalar_tags(
       os.path.join(model_dir, "eval"))
 
