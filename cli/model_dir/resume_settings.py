@@ -8,7 +8,7 @@ flag's default: `python train.py --model_dir=runs/x` after a run with
 The towers are the exception (a checkpoint moves across tower counts), and
 so is a schedule's length: with `--max_steps`, `--warmup_steps`,
 `--decay_steps` or `--num_epochs_per_decay` given, the decay period is
-derived anew. The net and data (`MUST_MATCH`) are cli/run_setup.py's.
+derived anew (in epochs if the run gave it in epochs). The net and data (`MUST_MATCH`) are cli/run_setup.py's.
 A given setting that differs from the record is named in the resume's one
 line (`changed`, cli/model_dir/run_record.py).
 """
@@ -83,8 +83,11 @@ def keep_recorded(settings: settings_lib.TrainSettings,
         setting.name == "decay_steps" and length_given):
       continue
     settings = _replace(settings, setting.flag_name[2:], value)
-  if not length_given:
-    settings = _replace(settings, "num_epochs_per_decay", None)
+  if not length_given:  # the recorded decay_steps: no epoch to count.
+    return _replace(settings, "num_epochs_per_decay", None)
+  if not given & {"decay_steps", "num_epochs_per_decay"}:
+    settings = _replace(settings, "num_epochs_per_decay",
+                        record.options.get("num_epochs_per_decay"))
   return settings
 
 

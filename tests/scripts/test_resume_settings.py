@@ -101,6 +101,12 @@ def test_keep_recorded_fills_only_what_is_not_given(first_run, tmp_path):
   assert kept.towers == defaults.towers
   longer = resume_settings.keep_recorded(defaults, record, {"max_steps"})
   assert longer.optimization.decay_steps is None  # derived anew.
+  in_epochs = dataclasses.replace(record, options={
+      **record.options, "num_epochs_per_decay": 2.0})
+  epochs = lambda given: resume_settings.keep_recorded(
+      defaults, in_epochs, given).optimization.num_epochs_per_decay
+  assert epochs({"max_steps"}) == 2.0  # a longer run decays in epochs too.
+  assert epochs(set()) is None  # the recorded decay_steps instead.
   fresh = dataclasses.replace(defaults, run=settings_lib.RunSettings(
       model_dir=str(tmp_path / "new")))
   assert resume_settings.keep_recorded(fresh, None, set()) == fresh
