@@ -225,8 +225,8 @@ def write_shards(items: Sequence[Item], output_dir: str, split: str,
       path = tfrecord.shard_filename(output_dir, split, index, num_shards)
       labels = _write_shard(coder, [items[i] for i in chunk], path, tally)
       tally.note_written(path, labels)
-      logging.info('Wrote %d images to %s', len(labels),
-                   os.path.basename(path))
+      logging.info('Wrote %d image%s to %s', len(labels),
+                   '' if len(labels) == 1 else 's', os.path.basename(path))
       paths.append(path)
   return paths
 
