@@ -4,12 +4,18 @@
         --num_shards=4 --validation_percentage=10
 
 writes `train-0000i-of-00004.tfrecord` (and, with --validation_percentage,
-the held-out `eval` split that eval.py reads by default) plus labels.txt,
-for train.py --dataset_name=tfrecord --dataset_dir=/data/flowers. Every
-subfolder is a class (class ids follow the sorted names); one without images
-is refused. PNG and JPEG files are stored as they are, BMP and GIF as PNG
-(datasets/convert.py). Logs are quiet as the other scripts'; a mistake is
-one line and exit status 2 (--overwrite replaces a split written before).
+the held-out `eval` split that eval.py reads by default) plus labels.txt and
+splits.json (each shard's record count and size, which train.py and eval.py
+check), for train.py --dataset_name=tfrecord --dataset_dir=/data/flowers.
+Every subfolder is a class (class ids follow the sorted names); one without
+images is refused. Every format the installed TensorFlow decodes converts
+(BMP, GIF, JPEG, PNG; WebP from TensorFlow 2.21 on), photos turned upright
+by their EXIF orientation; other files (TIFF, HEIC, ...) and images that do
+not decode are skipped and named in one WARNING (datasets/convert.py).
+All or nothing: the files are written to a temporary folder and moved into
+place at the end, so a failed run leaves nothing and a rerun needs no
+--overwrite. Logs are quiet as the other scripts'; a mistake is one line
+and exit status 2 (--overwrite replaces a split a finished run wrote).
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ flags.DEFINE_integer("num_shards", 1, "Number of record files per split.")
 flags.DEFINE_string("split", "train", "Split name used in the file names.")
 flags.DEFINE_integer("seed", 0, "Seed of the shuffle across shards.")
 flags.DEFINE_bool("shuffle", True, "Shuffle the images across shards.")
-flags.DEFINE_bool("overwrite", False, "Replace the files of a split written "
-                  "before.")
+flags.DEFINE_bool("overwrite", False, "Replace the files of a split a "
+                  "finished conversion wrote before (a failed one leaves "
+                  "none).")
 flags.DEFINE_float("validation_percentage", 0.0, "Hold out this percentage "
                    "of each class (e.g. 10) as the eval split, which eval.py "
                    "reads by default.")

@@ -49,6 +49,7 @@ from cli.model_dir import checkpoints
 from cli.model_dir import eval_dirs
 from cli.model_dir import restore_check
 import datasets
+from datasets import split_record
 
 FLAGS = flags.FLAGS
 tf1 = tf.compat.v1
@@ -84,12 +85,17 @@ class ProgressBarHook(tf1.train.SessionRunHook):
 checkpoint_has_ema = checkpoints.checkpoint_has_ema
 
 
-def num_eval_batches(dataset_name: str, split: str,
-                     batch_size: int) -> Optional[int]:
-  """The batches of a digits split (None: other data, counted as read)."""
-  if dataset_name != "digits":
-    return None
-  return math.ceil(len(datasets.load_digits_split(split)[1]) / batch_size)
+def num_eval_batches(dataset_name: str, split: str, batch_size: int,
+                     dataset_dir: Optional[str] = None) -> Optional[int]:
+  """The batches of a digits split, or of records whose converter recorded
+  their count (None: other data, counted as read)."""
+  if dataset_name == "digits":
+    examples = len(datasets.load_digits_split(split)[1])
+  elif dataset_name == "tfrecord" and dataset_dir:
+    examples = split_record.recorded_count(dataset_dir, split)
+  else:
+    examples = None
+  return None if examples is None else math.ceil(examples / batch_size)
 
 
 def build_estimator(towers: towers_lib.Towers,
@@ -113,12 +119,18 @@ def build_estimator(towers: towers_lib.Towers,
 def evaluate(estimator: tf.estimator.Estimator, input_fn, checkpoint: str,
              total_batches: Optional[int], max_batches: Optional[int] = None,
              hooks: Sequence[tf1.train.SessionRunHook] = ()) -> dict:
-  """The metrics of `checkpoint`, over at most `max_batches` (None: all)."""
+  """The metrics of `checkpoint`, over at most `max_batches` (None: all).
+
+  With `total_batches` known, exactly that many are run: an input read to
+  its end stops a multi-device step with a C++ "Local rendezvous is
+  aborting" WARNING (TF >= 2.16) that a clean evaluation should not print.
+  """
   if max_batches is not None and total_batches is not None:
     total_batches = min(total_batches, max_batches)
+  steps = total_batches if total_batches is not None else max_batches
   return estimator.evaluate(
-      input_fn, steps=max_batches, checkpoint_path=checkpoint,
-      hooks=[ProgressBarHook(total_batches or max_batches), *hooks])
+      input_fn, steps=steps, checkpoint_path=checkpoint,
+      hooks=[ProgressBarHook(steps), *hooks])
 
 
 def checkpoint_and_model_dir(checkpoint_path: Optional[str], model_dir: str,
@@ -178,7 +190,8 @@ def plan(settings: Settings) -> Evaluation:
       run_setup.recorded_max_steps(setup.record, ev.max_steps,
                                    "max_steps" in ev.given),
       eval_input_fn(setup, split, data.batch_size),
-      num_eval_batches(setup.dataset_name, split, data.batch_size),
+      num_eval_batches(setup.dataset_name, split, data.batch_size,
+                       setup.dataset_dir),
       eval_dirs.events_dir(model_dir, ev.eval_events_dir))
 
 

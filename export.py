@@ -4,12 +4,15 @@
 
 Everything else comes from the model_dir's run_config.json (written by
 train.py): the net, classes, image size and preprocessing. The SavedModel
-(in a numbered subdirectory of --export_dir, printed last) has two
+(in a numbered subdirectory of --export_dir, printed last) has three
 signatures, each returning `classes` and `probabilities`:
 
-  serving_default          `images`: a float32 batch [N, H, W, C] of raw
-                           pixels (any N, H, W) in the dataset's own range:
-                           0..16 for digits, 0..255 for TFRecord images.
+  serving_default          `images`: a uint8 batch [N, H, W, C] of pixels
+                           0..255 (any N, H, W), as image libraries return
+                           them.
+  float:serving_default    `images`: a float32 batch of raw pixels in the
+                           dataset's own range: 0..16 for digits, 0..255 for
+                           TFRecord images.
   encoded:serving_default  `image_bytes`: a string batch [N] of JPEG or PNG
                            files (any mix, any sizes; 0..255 is black..white).
 

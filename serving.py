@@ -1,28 +1,32 @@
-"""What an exported classifier takes: raw pixels, or encoded JPEG/PNG bytes.
+"""What an exported classifier takes: pixels, or encoded JPEG/PNG bytes.
 
-export.py writes one SavedModel with two signatures; both return `classes`
-(int32 [N]) and `probabilities` (float32 [N, num_classes]):
+export.py writes one SavedModel with three signatures; each returns
+`classes` (int32 [N]) and `probabilities` (float32 [N, num_classes]):
 
-- `serving_default` takes `images`: a float32 batch [N, H, W, C] of raw
-  pixels in the dataset's own range (0..16 for digits, 0..255 for images
-  from TFRecords, 0..1 for synthetic), any N, H and W. The graph resizes
-  them (bilinear) to the image size and scales them as training did.
+- `serving_default` takes `images`: a uint8 batch [N, H, W, C] of pixels
+  0..255 (black..white), as image libraries (Pillow, OpenCV, imageio,
+  `tf.io.decode_image`) return them, any N, H and W. The graph brings them
+  to the dataset's raw range (x 16 / 255 for digits, as they are for
+  TFRecord images), resizes them (bilinear) to the image size and scales
+  them as training did.
+- `float:serving_default` takes `images` as a float32 batch in the
+  dataset's own raw range (0..16 for digits, 0..255 for images from
+  TFRecords, 0..1 for synthetic): the net's input before its scaling.
 - `encoded:serving_default` takes `image_bytes`: a string vector [N] of
   encoded images (JPEG, PNG, GIF or BMP, 8- or 16-bit, any mix and any
   sizes). Each is decoded to the dataset's channel count, read as the full
   range of its format (0 black, 255 or 65535 white), resized, brought to the
   dataset's raw range (x 16 for digits, x 255 for TFRecord images) and then
-  preprocessed exactly as `images`. The name is Estimator's for a receiver
-  alternative: `<receiver>:<export output>`.
+  preprocessed exactly as `images`. The names are Estimator's for receiver
+  alternatives: `<receiver>:<export output>`.
 
-So one picture gives the net the same input through either signature. For
-TFRecord-trained nets an ordinary photo is what training decoded. A PNG of
-a digits image (raw k in 0..16) stores round(k * 255 / 16); the raw
-signature given that PNG's pixels x 16 / 255 answers identically, and the
-rounding moves the net's input by at most 0.5 / 255 from k / 16. JPEG is
-lossy: the answer is the raw signature's on the decoded pixels (measured on
-8x8 digits at quality 95: probabilities within 0.03, 4 of 360 classes
-changed, for a 30-step mlp).
+So one picture gives the net the same input through every signature: its
+uint8 pixels, its PNG file, and its pixels x white / 255 as floats (white:
+16 for digits, 255 for TFRecord images). A PNG of a digits image (raw k in
+0..16) stores round(k * 255 / 16), and the rounding moves the net's input
+by at most 0.5 / 255 from k / 16. JPEG is lossy: the answer is the one of
+the decoded pixels (measured on 8x8 digits at quality 95: probabilities
+within 0.03, 4 of 360 classes changed, for a 30-step mlp).
 """
 
 from __future__ import annotations
@@ -34,11 +38,13 @@ import tensorflow as tf
 tf1 = tf.compat.v1
 Receiver = tf.estimator.export.TensorServingInputReceiver
 
-RAW_INPUT = "images"
+RAW_INPUT = "images"  # uint8 in serving_default, float32 in `float:`.
 ENCODED_INPUT = "image_bytes"
 ENCODED_RECEIVER = "encoded"
+FLOAT_RECEIVER = "float"
 RAW_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 ENCODED_SIGNATURE = f"{ENCODED_RECEIVER}:{RAW_SIGNATURE}"
+FLOAT_SIGNATURE = f"{FLOAT_RECEIVER}:{RAW_SIGNATURE}"
 
 
 def raw_net_input(images: tf.Tensor, image_size: int,
@@ -93,27 +99,46 @@ def check_preprocessing(preprocessing: dict) -> tuple:
   return channels, float(scale)
 
 
+def pixels_net_input(pixels: tf.Tensor, image_size: int,
+                     pixel_scale: float) -> tf.Tensor:
+  """uint8 pixels [N, H, W, C] (0..255) to the net's input: brought to the
+  dataset's raw range (white = 1 / pixel_scale), then `raw_net_input`."""
+  white = 1.0 / pixel_scale
+  raw = tf.cast(pixels, tf.float32) * (white / 255.0)
+  return raw_net_input(raw, image_size, pixel_scale)
+
+
+def _empty_batch(name: str, image_size: int, channels: int,
+                 dtype: tf.DType) -> tf.Tensor:
+  """An input of `dtype` images that defaults to an empty batch."""
+  return tf1.placeholder_with_default(
+      tf.zeros([0, image_size, image_size, channels], dtype),
+      [None, None, None, channels], name=name)
+
+
 def receiver_fn(image_size: int, preprocessing: dict
                 ) -> Callable[[], Receiver]:
-  """The serving input function of export: raw `images`, or `image_bytes`.
+  """The serving input function of export: uint8 `images`, float32
+  `images` (the `float` alternative) or `image_bytes`.
 
-  Both inputs are `placeholder_with_default`s of an empty batch, and the
-  net's input is the two preprocessed batches one after the other: each
-  signature feeds one of them and the other adds nothing.
+  Each input is a `placeholder_with_default` of an empty batch, and the
+  net's input is the three preprocessed batches one after the other: each
+  signature feeds one of them and the others add nothing.
   """
   channels, scale = check_preprocessing(preprocessing)
 
   def input_fn() -> Receiver:
-    images = tf1.placeholder_with_default(
-        tf.zeros([0, image_size, image_size, channels]),
-        [None, None, None, channels], name=RAW_INPUT)
+    pixels = _empty_batch(RAW_INPUT, image_size, channels, tf.uint8)
+    floats = _empty_batch("float_images", image_size, channels, tf.float32)
     image_bytes = tf1.placeholder_with_default(
         tf.zeros([0], tf.string), [None], name=ENCODED_INPUT)
     features = tf.concat(
-        [raw_net_input(images, image_size, scale),
+        [pixels_net_input(pixels, image_size, scale),
+         raw_net_input(floats, image_size, scale),
          encoded_net_input(image_bytes, image_size, channels, scale)], 0)
     return Receiver(
-        features, {RAW_INPUT: images},
-        {ENCODED_RECEIVER: {ENCODED_INPUT: image_bytes}})
+        features, {RAW_INPUT: pixels},
+        {FLOAT_RECEIVER: {RAW_INPUT: floats},
+         ENCODED_RECEIVER: {ENCODED_INPUT: image_bytes}})
 
   return input_fn

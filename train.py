@@ -19,7 +19,9 @@ each worker per step; without it the workers update asynchronously.
 The run's configuration (net, classes, image size, preprocessing, schedule,
 towers, options) is written to --model_dir/run_config.json, so eval.py and
 export.py need only --model_dir; a resume takes the net and data from it
-and refuses other ones (a schedule may change).
+and refuses other ones, and keeps every other recorded setting (batch size,
+schedule, options, seed, last step; the towers excepted) unless given: one
+line names each setting it changes (cli/model_dir/resume_settings.py).
 Fine-tuning uses tf-slim's flags (cli/fine_tuning.py): --checkpoint_path
 starts a new --model_dir from another run's checkpoint, without the
 --checkpoint_exclude_scopes, training only --trainable_scopes.
@@ -60,6 +62,8 @@ from cli import run_setup
 from cli import settings as settings_lib
 from cli import towers as towers_lib
 from cli.model_dir import checkpoints
+from cli.model_dir import resume_settings
+from cli.model_dir import run_config
 from cli.model_dir import run_settings
 from cli.model_dir import start
 
@@ -268,7 +272,9 @@ def main(argv):
   task = cluster_task.cluster_task(settings.cluster,
                                    os.environ.get("TF_CONFIG"))
   if task is None:
-    sys.exit(run(None, settings))
+    sys.exit(run(None, resume_settings.keep_recorded(
+        settings, run_config.read(settings.run.model_dir),
+        {name for name in FLAGS if FLAGS[name].present})))
   cluster.exit_process(run_cluster_task(task, settings))
 
 

@@ -1,11 +1,16 @@
 """The towers a script runs on, resolved from its tower settings
 (cli/settings.py): --devices, --num_gpus, --virtual_cpus, --gpus.
+
+`--devices=/cpu:0,/cpu:1,/cpu:2` gets the virtual CPU devices it names;
+GPUs it names that the machine lacks are one line in the script's words
+(--num_gpus, --virtual_cpus), not the library's session advice.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+import re
+from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -45,7 +50,34 @@ def resolve_towers(num_gpus: Optional[int], devices: Optional[Sequence[str]],
     devices = [f"/cpu:{k}" for k in range(virtual_cpus)]
   resolved = devices_lib.resolve_devices(
       list(devices) if devices is not None else num_gpus)
-  return Towers(resolved, emg.make_session_config(num_cpus=virtual_cpus or 1))
+  cpus = _cpus_named(resolved, devices) if devices is not None else 1
+  return Towers(resolved, emg.make_session_config(
+      num_cpus=max(virtual_cpus or 1, cpus)))
+
+
+def _indices(resolved: Sequence[str], kind: str) -> List[int]:
+  """The indices of the `kind` ('CPU'/'GPU') devices among `resolved`."""
+  return [int(match.group(1)) for match in (
+      re.fullmatch(f"/device:{kind}:(\\d+)", d) for d in resolved) if match]
+
+
+def _cpus_named(resolved: Sequence[str], given: Sequence[str]) -> int:
+  """The virtual CPUs --devices needs (highest /cpu index + 1); refuses
+  GPUs the machine lacks, naming the script's flags.
+
+  Raises:
+    ValueError: a GPU of --devices is not visible.
+  """
+  visible = devices_lib.num_visible_gpus()
+  missing = [f"/gpu:{k}" for k in _indices(resolved, "GPU") if k >= visible]
+  if missing:
+    raise ValueError(
+        f"--devices={','.join(given)} asks for {', '.join(missing)}, but "
+        f"this machine shows {visible} GPU(s) (CUDA_VISIBLE_DEVICES and "
+        "--gpus limit them); give --num_gpus=N for the first N GPUs, or "
+        "--virtual_cpus=N (or --devices=/cpu:0,...,/cpu:N-1) for N towers "
+        "on virtual CPU devices.")
+  return max(_indices(resolved, "CPU"), default=0) + 1
 
 
 def _check_one_choice(num_gpus, devices, virtual_cpus) -> None:

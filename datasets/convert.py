@@ -1,13 +1,24 @@
 """Converts a folder of images, one subfolder per class, to sharded records.
 
-Class ids follow the sorted subfolder names. PNG and JPEG files are stored as
-they are (after checking that they decode); BMP and GIF are re-encoded as PNG.
-The output is ``<output_dir>/<split>-0000i-of-0000N.tfrecord`` plus
-``labels.txt``; see `datasets.tfrecord` for the format.
+Class ids follow the sorted subfolder names. A file's format comes from its
+first bytes; every format the installed TensorFlow decodes converts (BMP,
+GIF, JPEG, PNG, and WebP from TensorFlow 2.21 on: `image_formats`). PNG and
+JPEG files are stored as they are, the others re-encoded as PNG; a photo
+with an EXIF orientation is stored upright (`exif`), re-encoded in its own
+format (JPEG at quality 95). Files in other formats (TIFF, HEIC, text) and
+files that do not decode are skipped, counted and named in one WARNING.
+
+All or nothing: the shards, ``labels.txt`` and ``splits.json`` (each
+split's shards with their record counts and sizes, `split_record`) are
+written into a temporary folder inside `output_dir` and moved into place
+only when every split is written, so a failure leaves `output_dir` as it
+was and a rerun needs no ``--overwrite``. The output is
+``<output_dir>/<split>-0000i-of-0000N.tfrecord``; see `datasets.tfrecord`.
 
 Every subfolder is a class (as in tf-slim's converters), so a subfolder
-without images is refused, naming it, rather than becoming a class that no
-image teaches. The command line is the script `convert.py` beside train.py::
+without a readable image is refused, naming it, rather than becoming a
+class that no image teaches. The command line is the script `convert.py`
+beside train.py::
 
   python convert.py --image_dir photos/ \\
       --output_dir records/ --num_shards 4 --validation_percentage 10
@@ -19,21 +30,35 @@ split, which eval.py reads by default.
 import os
 import random
 import sys
-from typing import List, Sequence, Tuple
+import uuid
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
 from datasets import _pipeline
+from datasets import convert_tally
+from datasets import exif
+from datasets import image_formats
+from datasets import record_checks
+from datasets import split_record
 from datasets import tfrecord
 
 tf1 = tf.compat.v1
 
-IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.gif')
-_MAGIC = ((b'\x89PNG\r\n\x1a\n', b'png'), (b'\xff\xd8\xff', b'jpeg'))
+STAGING_PREFIX = '.convert-'
+JPEG_QUALITY = 95
 
 Item = Tuple[str, int]
+
+
+class Scan(NamedTuple):
+  """What `scan_image_folder` found: the images as `(path, label)` pairs,
+  the sorted class names (label `i` is `class_names[i]`), the files skipped and written."""
+  items: List[Item]
+  class_names: List[str]
+  tally: convert_tally.Tally
 
 
 def _subfolders(image_dir: str) -> List[str]:
@@ -44,21 +69,30 @@ def _subfolders(image_dir: str) -> List[str]:
                 if tf.io.gfile.isdir(os.path.join(image_dir, n)))
 
 
-def _images_in(folder: str) -> List[str]:
-  names = sorted(tf.io.gfile.listdir(folder))
-  return [os.path.join(folder, n) for n in names
-          if n.lower().endswith(IMAGE_EXTENSIONS)]
+def _header(path: str) -> bytes:
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    return f.read(image_formats.HEADER_BYTES)
 
 
-def list_image_folder(image_dir: str) -> Tuple[List[Item], List[str]]:
+def _images_in(folder: str, tally: convert_tally.Tally) -> List[str]:
+  """The files of `folder` in a format this TensorFlow decodes; the other
+  files (hidden ones aside) go to `tally`."""
+  decodable = image_formats.decodable_formats()
+  images = []
+  for name in sorted(tf.io.gfile.listdir(folder)):
+    path = os.path.join(folder, name)
+    if name.startswith('.') or tf.io.gfile.isdir(path):
+      continue
+    kind = image_formats.sniff(_header(path))
+    if kind in decodable:
+      images.append(path)
+    else:
+      tally.add_format(path, kind)
+  return images
+
+
+def scan_image_folder(image_dir: str) -> Scan:
   """Finds the images of a one-subfolder-per-class folder.
-
-  Args:
-    image_dir: Folder whose subfolders are named after the classes.
-
-  Returns:
-    `(items, class_names)`: `(path, label)` pairs in sorted order and the
-    sorted class names, where label `i` is `class_names[i]`.
 
   Raises:
     FileNotFoundError: if `image_dir` is missing.
@@ -70,38 +104,44 @@ def list_image_folder(image_dir: str) -> Tuple[List[Item], List[str]]:
     raise ValueError(
         f'image_dir {image_dir!r} has no subfolders; expected one subfolder '
         'of images per class, e.g. image_dir/cat/1.png, image_dir/dog/2.png.')
-  images = {name: _images_in(os.path.join(image_dir, name))
+  tally = convert_tally.Tally(image_dir)
+  images = {name: _images_in(os.path.join(image_dir, name), tally)
             for name in class_names}
   if not any(images.values()):
-    raise ValueError(f'No image files {IMAGE_EXTENSIONS} in the subfolders '
-                     f'{class_names} of {image_dir!r}.')
-  _check_no_empty_class(image_dir, images)
-  return [(path, label) for label, name in enumerate(class_names)
-          for path in images[name]], class_names
+    raise ValueError(f'No image files in the subfolders {class_names} of '
+                     f'{image_dir!r}: {tally.formats_line()}.')
+  _check_no_empty_class(image_dir, images, tally)
+  return Scan([(path, label) for label, name in enumerate(class_names)
+               for path in images[name]], class_names, tally)
 
 
-def _check_no_empty_class(image_dir: str, images: dict) -> None:
+def list_image_folder(image_dir: str) -> Tuple[List[Item], List[str]]:
+  """`(items, class_names)` of `scan_image_folder(image_dir)`."""
+  scan = scan_image_folder(image_dir)
+  return scan.items, scan.class_names
+
+
+def _check_no_empty_class(image_dir: str, images: Dict[str, List[str]],
+                          tally: convert_tally.Tally) -> None:
   """Raises for class subfolders that hold no image (naming them)."""
   empty = [os.path.join(image_dir, name) for name, paths in images.items()
            if not paths]
   if empty:
     raise ValueError(
         f'class folder(s) {", ".join(empty)} hold no image file '
-        f'({", ".join(IMAGE_EXTENSIONS)}): every subfolder of image_dir is a '
+        f'({tally.formats_line()}): every subfolder of image_dir is a '
         'class, and an empty one would be a class that no image teaches. '
         'Add its images, or move the folder out of image_dir.')
 
 
 def sniff_format(data: bytes) -> bytes:
   """Returns ``b'png'``/``b'jpeg'`` from the magic bytes, else ``b''``."""
-  for magic, image_format in _MAGIC:
-    if data.startswith(magic):
-      return image_format
-  return b''
+  kind = image_formats.sniff(data[:image_formats.HEADER_BYTES])
+  return kind.encode() if kind in image_formats.STORED_AS_IS else b''
 
 
 class ImageCoder:
-  """Checks and re-encodes images in a graph of its own.
+  """Checks, turns upright and re-encodes images in a graph of its own.
 
   Using a private graph and session makes the converter work the same
   whether or not the caller runs eagerly. Use as a context manager.
@@ -111,9 +151,10 @@ class ImageCoder:
     self._graph = tf.Graph()
     with self._graph.as_default():
       self._data = tf1.placeholder(tf.string, [])
-      image = tf.io.decode_image(self._data, expand_animations=False)
-      self._shape = tf.shape(image)
-      self._png = tf.io.encode_png(image)
+      self._image = tf.io.decode_image(self._data, expand_animations=False)
+      self._pixels = tf1.placeholder(tf.uint8, [None, None, None])
+      self._png = tf.io.encode_png(self._pixels)
+      self._jpeg = tf.io.encode_jpeg(self._pixels, quality=JPEG_QUALITY)
     self._session = tf1.Session(graph=self._graph)
 
   def __enter__(self) -> 'ImageCoder':
@@ -123,44 +164,76 @@ class ImageCoder:
     self._session.close()
 
   def encode(self, data: bytes) -> Tuple[bytes, bytes, int, int]:
-    """Returns `(encoded, format, height, width)` for raw image file bytes."""
+    """Returns `(encoded, format, height, width)` for raw image file bytes.
+
+    Raises:
+      tf.errors.InvalidArgumentError: the bytes do not decode.
+    """
     image_format = sniff_format(data)
-    if image_format:
-      shape = self._session.run(self._shape, {self._data: data})
-      return data, image_format, int(shape[0]), int(shape[1])
-    png, shape = self._session.run([self._png, self._shape], {self._data: data})
-    return png, b'png', int(shape[0]), int(shape[1])
+    turn = exif.orientation(data)
+    image = self._session.run(self._image, {self._data: data})
+    if image_format and turn == exif.UPRIGHT:
+      return data, image_format, int(image.shape[0]), int(image.shape[1])
+    image = exif.upright(image, turn)
+    encoder = self._jpeg if image_format == b'jpeg' else self._png
+    encoded = self._session.run(encoder, {self._pixels: image})
+    return (encoded, image_format or b'png', int(image.shape[0]),
+            int(image.shape[1]))
 
 
 def _serialize(coder: ImageCoder, path: str, label: int) -> bytes:
+  """The record of one image (ValueError: it does not decode)."""
   with tf.io.gfile.GFile(path, 'rb') as f:
     data = f.read()
   try:
     encoded, image_format, height, width = coder.encode(data)
   except tf.errors.InvalidArgumentError as e:
-    raise ValueError(f'Cannot decode image {path!r}: {e.message}') from e
+    raise ValueError(record_checks.op_error_reason(e)) from e
   example = tfrecord.make_example(encoded, image_format, label, height, width)
   return example.SerializeToString()
 
 
+def _write_shard(coder: ImageCoder, items: Sequence[Item], path: str,
+                 tally: convert_tally.Tally) -> List[int]:
+  """Writes `items` to one record file; returns the labels written."""
+  labels = []
+  with tf.io.TFRecordWriter(path) as writer:
+    for image_path, label in items:
+      try:
+        writer.write(_serialize(coder, image_path, label))
+        labels.append(label)
+      except ValueError as error:
+        tally.add_unreadable(image_path, str(error))
+  return labels
+
+
 def write_shards(items: Sequence[Item], output_dir: str, split: str,
-                 num_shards: int) -> List[str]:
-  """Writes `items` in order into `num_shards` contiguous record files."""
+                 num_shards: int,
+                 tally: Optional[convert_tally.Tally] = None) -> List[str]:
+  """Writes `items` in order into `num_shards` contiguous record files,
+  skipping (into `tally`) images that do not decode.
+
+  Returns:
+    The paths written; `tally` notes each one's labels and the images
+    skipped.
+  """
+  tally = tally or convert_tally.Tally(output_dir)
   paths = []
   with ImageCoder() as coder:
     for index, chunk in enumerate(np.array_split(np.arange(len(items)),
                                                  num_shards)):
       path = tfrecord.shard_filename(output_dir, split, index, num_shards)
-      with tf.io.TFRecordWriter(path) as writer:
-        for i in chunk:
-          writer.write(_serialize(coder, *items[i]))
-      logging.info('Wrote %d images to %s', len(chunk), path)
+      labels = _write_shard(coder, [items[i] for i in chunk], path, tally)
+      tally.note_written(path, labels)
+      logging.info('Wrote %d image%s to %s', len(labels),
+                   '' if len(labels) == 1 else 's', os.path.basename(path))
       paths.append(path)
   return paths
 
 
-def _clear_old_shards(output_dir: str, split: str, overwrite: bool) -> None:
-  """Refuses to mix with, or (if `overwrite`) deletes, a split's old files."""
+def _check_old_shards(output_dir: str, split: str, overwrite: bool
+                      ) -> List[str]:
+  """A split's files written before (refused unless `overwrite`)."""
   pattern = tfrecord.shard_pattern(output_dir, split)
   old = tf.io.gfile.glob(pattern)
   if old and not overwrite:
@@ -168,12 +241,11 @@ def _clear_old_shards(output_dir: str, split: str, overwrite: bool) -> None:
         f'{len(old)} file(s) already match {pattern!r}; they would be read '
         'together with the new ones. Pass overwrite=True (--overwrite) to '
         'replace them, or choose another output_dir (--output_dir).')
-  for path in old:
-    tf.io.gfile.remove(path)
+  return old
 
 
-def _write_labels(class_names: List[str], output_dir: str) -> None:
-  """Writes labels.txt, refusing to change one another split wrote."""
+def _check_labels(class_names: List[str], output_dir: str) -> None:
+  """Refuses to change the labels.txt another split wrote."""
   if tfrecord.has_label_file(output_dir):
     existing = tfrecord.read_label_file(output_dir)
     if existing != dict(enumerate(class_names)):
@@ -181,7 +253,6 @@ def _write_labels(class_names: List[str], output_dir: str) -> None:
           f'{output_dir}/{tfrecord.LABELS_FILENAME} lists classes '
           f'{sorted(existing.values())} but the image folder has '
           f'{class_names}; every split of one output_dir must share classes.')
-  tfrecord.write_label_file(class_names, output_dir)
 
 
 def hold_out(items: Sequence[Item], percentage: float) -> Tuple[List[Item],
@@ -207,12 +278,69 @@ def hold_out(items: Sequence[Item], percentage: float) -> Tuple[List[Item],
   return kept, held
 
 
+def _remove_stale_staging(output_dir: str) -> None:
+  """Removes the temporary folders of converter runs that were killed."""
+  for name in tf.io.gfile.listdir(output_dir):
+    if name.rstrip('/').startswith(STAGING_PREFIX):
+      logging.info('Removing %s, left by an interrupted conversion', name)
+      tf.io.gfile.rmtree(os.path.join(output_dir, name.rstrip('/')))
+
+
+def _plan_splits(scan: Scan, split: str, num_shards: int, shuffle: bool,
+                 seed: int, validation_percentage: float,
+                 validation_split: str) -> List[Tuple[str, List[Item]]]:
+  """[(split name, its items)]: the training split and the held-out one."""
+  items = list(scan.items)
+  if num_shards > len(items):
+    raise ValueError(f'num_shards={num_shards} exceeds the {len(items)} '
+                     f'images in the folder; use at most {len(items)}.')
+  if shuffle:
+    random.Random(seed).shuffle(items)
+  items, held = hold_out(items, validation_percentage)
+  splits = [(split, items)] + ([(validation_split, held)] if held else [])
+  for name, _ in splits:
+    _pipeline.check_split_name(name)
+  return splits
+
+
+def _stage(scan: Scan, splits, staging: str, num_shards: int,
+           output_dir: str) -> Dict[str, List[str]]:
+  """Writes every split, labels.txt and splits.json into `staging`."""
+  written = {name: write_shards(chunk, staging, name,
+                                min(num_shards, len(chunk)), scan.tally)
+             for name, chunk in splits}
+  scan.tally.check_every_class_written(scan.class_names)
+  tfrecord.write_label_file(scan.class_names, staging)
+  record = split_record.read(output_dir)
+  for name, paths in written.items():
+    record[name] = scan.tally.entries(paths)
+  split_record.write(os.path.join(staging, split_record.FILENAME), record)
+  return written
+
+
+def _publish(staging: str, output_dir: str, written: Dict[str, List[str]],
+             old: List[str]) -> List[str]:
+  """Moves the staged files into `output_dir` (replacing `old`)."""
+  for path in old:
+    tf.io.gfile.remove(path)
+  moved = []
+  for paths in written.values():
+    for path in paths:
+      moved.append(os.path.join(output_dir, os.path.basename(path)))
+      tf.io.gfile.rename(path, moved[-1])
+  for name in (tfrecord.LABELS_FILENAME, split_record.FILENAME):
+    tf.io.gfile.rename(os.path.join(staging, name),
+                       os.path.join(output_dir, name), overwrite=True)
+  return moved
+
+
 def convert_image_folder(image_dir: str, output_dir: str, split: str = 'train',
                          num_shards: int = 1, *, shuffle: bool = True,
                          seed: int = 0, overwrite: bool = False,
                          validation_percentage: float = 0.0,
                          validation_split: str = 'eval') -> List[str]:
-  """Converts a one-subfolder-per-class image folder to sharded records.
+  """Converts a one-subfolder-per-class image folder to sharded records,
+  all or nothing (see the module docstring).
 
   Args:
     image_dir: Folder with one subfolder of images per class.
@@ -232,23 +360,24 @@ def convert_image_folder(image_dir: str, output_dir: str, split: str = 'train',
   """
   _pipeline.check_split_name(split)
   _pipeline.check_positive_int('num_shards', num_shards)
-  items, class_names = list_image_folder(image_dir)
-  if num_shards > len(items):
-    raise ValueError(f'num_shards={num_shards} exceeds the {len(items)} '
-                     f'images in {image_dir!r}; use at most {len(items)}.')
-  if shuffle:
-    random.Random(seed).shuffle(items)
-  items, held = hold_out(items, validation_percentage)
-  splits = [(split, items)] + ([(validation_split, held)] if held else [])
+  scan = scan_image_folder(image_dir)
+  splits = _plan_splits(scan, split, num_shards, shuffle, seed,
+                        validation_percentage, validation_split)
   tf.io.gfile.makedirs(output_dir)
-  for name, _ in splits:
-    _pipeline.check_split_name(name)
-    _clear_old_shards(output_dir, name, overwrite)
-  _write_labels(class_names, output_dir)
-  logging.info('Converting %d images of %d classes from %s', len(items) +
-               len(held), len(class_names), image_dir)
-  return [path for name, chunk in splits for path in write_shards(
-      chunk, output_dir, name, min(num_shards, len(chunk)))]
+  old = [path for name, _ in splits
+         for path in _check_old_shards(output_dir, name, overwrite)]
+  _check_labels(scan.class_names, output_dir)
+  _remove_stale_staging(output_dir)
+  logging.info('Converting %d images of %d classes from %s',
+               len(scan.items), len(scan.class_names), image_dir)
+  staging = os.path.join(output_dir, STAGING_PREFIX + uuid.uuid4().hex[:8])
+  tf.io.gfile.makedirs(staging)
+  try:
+    written = _stage(scan, splits, staging, num_shards, output_dir)
+    scan.tally.log()
+    return _publish(staging, output_dir, written, old)
+  finally:
+    tf.io.gfile.rmtree(staging)
 
 
 if __name__ == '__main__':

@@ -8,7 +8,8 @@ Each record is a `tf.train.Example` with the features
 * ``image/height``, ``image/width``: int64 size of the encoded image.
 
 A split is stored as ``<data_dir>/<split>-00000-of-0000N.tfrecord`` ...,
-next to a ``labels.txt`` holding one ``id:name`` line per class. The reader
+next to a ``labels.txt`` holding one ``id:name`` line per class and the
+converter's ``splits.json`` (`split_record`: a split is read only whole). The reader
 decodes with `tf.io.decode_image`, resizes (bilinear) to the requested size
 and scales pixels to [0, 1].
 """
@@ -20,6 +21,7 @@ import tensorflow as tf
 
 from datasets import _pipeline
 from datasets import record_checks
+from datasets import split_record
 from preprocessing import preprocessing_factory
 
 NAME = 'tfrecord'
@@ -67,8 +69,10 @@ def find_shards(data_dir: Optional[str], split: str) -> List[str]:
     The sorted, non-empty list of matching paths.
 
   Raises:
-    ValueError: if `data_dir` is unset, `split` is not a plain name, or a
-      matching file is empty (0 bytes).
+    ValueError: if `data_dir` is unset, `split` is not a plain name, a
+      matching file is empty (0 bytes), or the split is not whole (a
+      ``-of-N`` shard missing, or not as the converter recorded it:
+      `split_record.check_whole`).
     FileNotFoundError: if `data_dir` is missing or holds no matching file.
   """
   _pipeline.check_split_name(split)
@@ -81,6 +85,7 @@ def find_shards(data_dir: Optional[str], split: str) -> List[str]:
   files = sorted(tf.io.gfile.glob(shard_pattern(data_dir, split)))
   if not files:
     raise _no_records_error(data_dir, split)
+  split_record.check_whole(files, data_dir, split)
   record_checks.check_shards(files)
   return files
 

@@ -3,6 +3,7 @@
 Trains a small MLP on scikit-learn's bundled 8x8 digits with two towers
 (two GPUs if the machine has them, else two virtual CPU devices), then
 evaluates it on held-out digits. Run: python examples/quickstart.py
+Its checkpoints go to a temporary folder, removed at the end.
 
 It uses only the library (no `nets/`, no `datasets/`): the input_fn below is
 an ordinary tf.data pipeline. Its logs are quiet as train.py's (this
@@ -10,8 +11,10 @@ checkout's cli/script_logging.py: no TensorFlow INFO lines or deprecation
 notices; --verbosity=1 brings them back).
 """
 
+import math
 import os
 import sys
+import tempfile
 
 from absl import app
 from absl import flags
@@ -69,13 +72,17 @@ def main(argv):
   script_logging.configure(flags.FLAGS.verbosity)
   gpus = emg.devices.num_visible_gpus()
   devices = 2 if gpus >= 2 else ["/cpu:0", "/cpu:1"]
-  estimator = tf.estimator.Estimator(
-      emg.multi_gpu(model_fn, devices=devices),  # <- wrap the model_fn.
-      params={"learning_rate": 0.01},
-      config=tf.estimator.RunConfig(
-          session_config=emg.make_session_config(num_cpus=2)))
-  estimator.train(input_fn("train", 64), max_steps=400)
-  metrics = estimator.evaluate(input_fn("eval", 64))
+  with tempfile.TemporaryDirectory(prefix="quickstart-") as model_dir:
+    estimator = tf.estimator.Estimator(
+        emg.multi_gpu(model_fn, devices=devices),  # <- wrap the model_fn.
+        params={"learning_rate": 0.01},
+        config=tf.estimator.RunConfig(
+            model_dir=model_dir,
+            session_config=emg.make_session_config(num_cpus=2)))
+    estimator.train(input_fn("train", 64), max_steps=400)
+    # Every held-out batch, counted: the input is not read past its end.
+    metrics = estimator.evaluate(input_fn("eval", 64),
+                                 steps=math.ceil(_HELD_OUT / 64))
   logging.info("held-out accuracy %.3f after %d steps", metrics["accuracy"],
                metrics["global_step"])
   print(f"accuracy={metrics['accuracy']:.4f} "

@@ -60,3 +60,13 @@ def test_the_readme_commands_install_what_they_run():
   train, tests = readme_commands()
   assert {"app"} <= extras_installed(train)  # the scripts' digits, tqdm.
   assert {"app", "test"} <= extras_installed(tests)
+
+
+def test_the_readme_gives_the_first_commands_result_per_tensorflow_line():
+  # Measured (issue 44): python train.py && python eval.py --once on 2 CPU
+  # cores, each line's venv; their losses differ, so each has its result.
+  text = " ".join((ROOT / "README.md").read_text().split("\n## ")[0].split())
+  for version, result in (
+      ("2.15", "accuracy=0.9833 global_step=1500 loss=0.1298 top_5=1.0000"),
+      ("2.21", "accuracy=0.9833 global_step=1500 loss=0.1303 top_5=1.0000")):
+    assert f"`{result}` on TensorFlow {version}" in text

@@ -292,7 +292,9 @@ def _checkpoints() -> None:
                        "the current step has not finished within this time "
                        "(e.g. a synchronous step waiting for a dead worker).")
   flags.DEFINE_integer("log_every_n_steps", None, "Progress line every N "
-                       "steps (default: a tenth of --max_steps, at most 100).")
+                       "steps or 30 s, whichever comes first (default: a "
+                       "tenth of --max_steps, at most 100); the first line "
+                       "follows the first step.")
   flags.DEFINE_bool("scaling_report", run["scaling_report"], "Warn when the "
                     "run is input-bound; its per-window report (input wait) "
                     "shows with --verbosity=1.")

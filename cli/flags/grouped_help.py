@@ -3,9 +3,11 @@
 absl's own `--help` lists only the main module's flags, alphabetically, and
 `--helpfull` buries the shared ones among absl's and TensorFlow's. The
 scripts run through `cli.entry_point.run`, which parses with
-`parser(doc)`: `--help` (also `-h`, `-?`, `--helpshort`) prints the script's
-docstring and every flag the script and the shared modules of this checkout
-define, in the groups below, then exits with status 0; `--helpfull` is absl's full list.
+`parser(doc)`: `--help` (also `-h`, `-?`, `--helpshort`) prints the first
+line of the script's docstring, the flags a newcomer needs ("Start here"),
+the rest of the docstring, and every other flag the script and the shared
+modules of this checkout define, in the groups below, then exits with
+status 0; `--helpfull` is absl's full list.
 
 A flag that no group names is still shown, under "Other", so a new flag is
 never hidden.
@@ -27,8 +29,12 @@ HELP_ARGS = ("--help", "-h", "-help", "-?", "--helpshort")
 OTHER = "Other"
 
 # Group titles in display order, and the flags each holds. Names not
-# defined by a script are skipped.
+# defined by a script are skipped; a flag is shown in its first group.
+START_HERE = "Start here"
 GROUPS = (
+    (START_HERE, ("model_dir", "dataset_name", "dataset_dir", "model_name",
+                  "batch_size", "max_steps", "learning_rate", "num_gpus",
+                  "virtual_cpus", "checkpoint_path")),
     ("Model", ("model_name", "num_classes", "image_size")),
     ("Data", ("dataset_name", "dataset_dir", "batch_size",
               "dataset_split_name", "labels_offset", "preprocessing_name")),
@@ -94,7 +100,7 @@ def grouped(names: Sequence[str]) -> list:
   """[(title, [names])] in display order; ungrouped names under Other."""
   result, seen = [], set()
   for title, members in GROUPS:
-    present = [name for name in members if name in names]
+    present = [name for name in members if name in names and name not in seen]
     seen.update(present)
     if present:
       result.append((title, present))
@@ -118,14 +124,18 @@ def _describe(flag: flags.Flag) -> str:
 def help_text(doc: str, flag_values: flags.FlagValues = flags.FLAGS,
               modules: Optional[Sequence[str]] = None,
               names: Optional[Sequence[str]] = None) -> str:
-  """The script's docstring, then its flags by group (`names`, else those
-  `modules` define; default: every flag this checkout defined)."""
-  lines = [doc.strip(), ""]
+  """The docstring's first line, the "Start here" flags, the rest of the
+  docstring, then the other flags by group (`names`, else those `modules`
+  define; default: every flag this checkout defined)."""
+  first, _, rest = doc.strip().partition("\n")
+  lines = [first, ""]
   for title, names in grouped(script_flag_names(flag_values, modules,
                                                 names)):
     lines.append(f"{title}:")
     lines += [_describe(flag_values[name]) for name in names]
     lines.append("")
+    if title == START_HERE and rest.strip():
+      lines += [rest.strip(), ""]
   lines.append("TensorFlow's and absl's own flags: --helpfull.")
   return "\n".join(lines) + "\n"
 

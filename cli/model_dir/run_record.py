@@ -14,6 +14,7 @@ import classifier
 from cli import run_setup
 from cli import settings as settings_lib
 from cli import towers as towers_lib
+from cli.model_dir import resume_settings
 from cli.model_dir import run_config
 import datasets
 
@@ -65,20 +66,42 @@ def run_record(setup: run_setup.ModelSetup,
 
 def resume_line(record: Optional[run_config.RunRecord],
                 config: classifier.ClassifierConfig, model_dir: str,
-                step: int, max_steps: int) -> str:
-  """The one INFO line of a resume: where from, to which step, and the
-  schedule settings that changed since the record (they may change)."""
+                step: int, max_steps: int,
+                settings: Optional[settings_lib.TrainSettings] = None) -> str:
+  """The one INFO line of a resume: where from, to which step, and every
+  setting given with another value than the record's (they may change;
+  the schedule's with the learning rate before and after)."""
   line = (f"Resuming from {tf.train.latest_checkpoint(model_dir)} (step "
           f"{step} of --max_steps={max_steps}")
   if record is not None and record.max_steps not in (None, max_steps):
     line += f", recorded {record.max_steps}"
   changes = (run_config.schedule_changes(record.classifier, config)
              if record is not None else [])
+  others = _other_changes(record, settings, config, changes)
   if not changes:
-    return line + ")."
+    return f"{line}){others or '.'}"
   rates = (learning_rate_at(record.classifier, step),
            learning_rate_at(config, step))
-  return f"{line}) {run_config.schedule_change_message(changes, step, rates)}"
+  return (f"{line}) {run_config.schedule_change_message(changes, step, rates)}"
+          f"{others}")
+
+
+def _other_changes(record: Optional[run_config.RunRecord],
+                   settings: Optional[settings_lib.TrainSettings],
+                   config: classifier.ClassifierConfig,
+                   schedule: list) -> str:
+  """' Changed since the record: ...' for the settings other than the
+  schedule's that this run changes ('' for none)."""
+  if record is None or settings is None:
+    return ""
+  found = resume_settings.changed(
+      record, settings, config, skip={"max_steps"} | {
+          name for name, _, _ in schedule})
+  if not found:
+    return ""
+  what = ", ".join(f"--{name} {old} -> {new}" for name, old, new in found)
+  keep = " ".join(f"--{name}={old}" for name, old, _ in found)
+  return f" Changed since the record: {what} (to keep them, pass {keep})."
 
 
 def record_run(setup: run_setup.ModelSetup,
@@ -91,5 +114,5 @@ def record_run(setup: run_setup.ModelSetup,
   step = checkpoint_step(model_dir)
   if step is not None:
     logging.info("%s", resume_line(setup.record, config, model_dir, step,
-                                   settings.optimization.max_steps))
+                                   settings.optimization.max_steps, settings))
   logging.info("Run configuration: %s", run_config.write(model_dir, record))

@@ -188,7 +188,7 @@ def evaluate_checkpoints(evaluate_fn: EvaluateFn, model_dir: str,
   metrics = None
   for checkpoint in [watch.latest()] if once else watch.new_checkpoints():
     checkpoint, metrics = evaluate_present(evaluate_fn, checkpoint, watch)
-    logging.info("Evaluated %s: %s", checkpoint, metrics)
+    logging.info("Evaluated %s: %s", checkpoint, format_metrics(metrics))
     if max_steps and (metrics["global_step"] >= max_steps or
                       _skipped_last(watch, max_steps)):
       return metrics

@@ -1,8 +1,10 @@
 """Training hooks: progress and throughput.
 
-- `ProgressHook` measures the throughput once per window of N global steps
-  (`Throughput`) and logs the step, loss, learning rate, examples per second
-  (global and per tower) and the time left, and writes `examples_per_sec`
+- `ProgressHook` logs a first line after the first step (its duration and
+  a first ETA), then measures the throughput once per window of N global
+  steps or 30 seconds, whichever ends first (`Throughput`), and logs the
+  step, loss, learning rate, examples per second (global and per tower) and
+  the time left, and writes `examples_per_sec`
   and `examples_per_sec_per_tower` summaries. It is the one source of every
   examples/sec figure: listeners, such as the scaling report
   (`scaling.ScalingReportHook`), receive its `Throughput` for the window.
@@ -25,6 +27,7 @@ import tensorflow as tf
 __all__ = ["ProgressHook", "Throughput", "with_training_hooks"]
 
 tf1 = tf.compat.v1
+DEFAULT_EVERY_SECS = 30.0  # a progress line at least this often.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,16 +65,21 @@ ThroughputListener = Callable[[Throughput, tf1.RunMetadata], None]
 
 
 class ProgressHook(tf1.train.SessionRunHook):
-  """Logs step, loss, learning rate, examples/sec and ETA every N steps.
+  """Logs step, loss, learning rate, examples/sec and ETA every N steps or
+  `every_secs`, whichever comes first.
 
-  The first run starts the clock; a window ends at the first run whose
-  global step is at least `every_n_steps` past the window's start.
+  The first run is timed and logged on its own (a first step builds and
+  warms up, so its ETA is an upper bound), and starts the clock; a window
+  ends at the first run whose global step is at least `every_n_steps` past
+  the window's start, or that ends `every_secs` or more after it.
   """
 
   def __init__(self, loss: tf.Tensor, global_batch_size: int,
                num_towers: int, max_steps: Optional[int], every_n_steps: int,
                output_dir: Optional[str] = None,
-               learning_rate_name: str = "current_learning_rate"):
+               learning_rate_name: str = "current_learning_rate",
+               every_secs: Optional[float] = DEFAULT_EVERY_SECS,
+               clock: Callable[[], float] = time.monotonic):
     """Creates the hook.
 
     Args:
@@ -82,6 +90,9 @@ class ProgressHook(tf1.train.SessionRunHook):
       every_n_steps: global steps per window (>= 1).
       output_dir: where to write the throughput summaries; None: only log.
       learning_rate_name: the op whose value is logged as the learning rate.
+      every_secs: a window also ends this many seconds after its start
+        (None: by steps only).
+      clock: the monotonic clock, in seconds (tests pass their own).
 
     Raises:
       ValueError: a count is below 1.
@@ -98,6 +109,9 @@ class ProgressHook(tf1.train.SessionRunHook):
     self._every_n_steps = every_n_steps
     self._output_dir = output_dir
     self._learning_rate_name = learning_rate_name
+    self._every_secs = every_secs
+    self._clock = clock
+    self._first_run_start: Optional[float] = None
     self._listeners: list = []
     self._start: Optional[tuple] = None  # (step, time) of the window's start.
     self._step: Optional[int] = None  # the global step read last.
@@ -129,7 +143,11 @@ class ProgressHook(tf1.train.SessionRunHook):
     if self._start is None:
       return False
     return self._step + self._increment - self._start[0] >= (
-        self._every_n_steps)
+        self._every_n_steps) or self._time_is_up(self._clock())
+
+  def _time_is_up(self, now: float) -> bool:
+    return self._every_secs is not None and (
+        now - self._start[1] >= self._every_secs)
 
   def begin(self):
     graph = tf1.get_default_graph()
@@ -141,22 +159,27 @@ class ProgressHook(tf1.train.SessionRunHook):
     self._writer = (tf1.summary.FileWriterCache.get(self._output_dir)
                     if self._output_dir else None)
     self._start, self._step, self._increment = None, None, 1
+    self._first_run_start = None
 
   def before_run(self, run_context):
+    if self._start is None and self._first_run_start is None:
+      self._first_run_start = self._clock()
     return tf1.train.SessionRunArgs(
         [self._global_step, self._loss, self._learning_rate])
 
   def after_run(self, run_context, run_values):
     step, loss, rate = run_values.results
-    now = time.monotonic()
+    now = self._clock()
     if self._step is not None:
       self._increment = max(step - self._step, 1)
     self._step = step
     if self._start is None:
       self._start = (step, now)
+      self._report_first(step, loss, rate, now - self._first_run_start)
       return
     start_step, start_time = self._start
-    if step - start_step < self._every_n_steps:
+    if step - start_step < self._every_n_steps and not (
+        step > start_step and self._time_is_up(now)):
       return
     self._start = (step, now)
     throughput = Throughput(step, step - start_step, now - start_time,
@@ -164,6 +187,22 @@ class ProgressHook(tf1.train.SessionRunHook):
     self._report(throughput, loss, rate)
     for listener in self._listeners:
       listener(throughput, run_values.run_metadata)
+
+  def _report_first(self, step: int, loss: float, rate: float,
+                    seconds: float) -> None:
+    """The line after the first step: its duration and a first ETA (an
+    upper bound: the first step also builds and warms up)."""
+    left = (self._max_steps - step) if self._max_steps else None
+    eta = (f"at most {datetime.timedelta(seconds=round(left * seconds))}"
+           if left is not None else "?")
+    logging.info("step %d  loss %.4f  lr %.5g  first step %.1f s (start-up "
+                 "included)  ETA %s; next line within %s", step, loss, rate,
+                 seconds, eta, self._next_line())
+
+  def _next_line(self) -> str:
+    steps = f"{self._every_n_steps} step{'' if self._every_n_steps == 1 else 's'}"
+    return (f"{steps} or {self._every_secs:g} s" if self._every_secs
+            else steps)
 
   def _report(self, throughput: Throughput, loss: float, rate: float) -> None:
     examples = throughput.examples_per_sec

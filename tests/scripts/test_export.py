@@ -1,4 +1,5 @@
-"""export.py's two signatures: raw pixels and encoded JPEG/PNG bytes."""
+"""export.py's three signatures: uint8 pixels (serving_default), raw float
+pixels and encoded JPEG/PNG bytes."""
 
 import os
 import sys
@@ -29,12 +30,18 @@ def encode(images, encoder=tf.io.encode_png):
   return [encoder(tf.constant(image)).numpy() for image in images]
 
 
-def net_inputs(image_size, preprocessing, raw=None, image_bytes=None):
-  """The net's input from the serving graph, fed through one signature."""
+def net_inputs(image_size, preprocessing, raw=None, image_bytes=None,
+               pixels=None):
+  """The net's input from the serving graph, fed through one signature:
+  `pixels` (uint8, serving_default), `raw` (float) or `image_bytes`."""
   with tf.Graph().as_default(), tf1.Session() as session:
     receiver = serving.receiver_fn(image_size, preprocessing)()
-    if raw is not None:
-      feed = {receiver.receiver_tensors[serving.RAW_INPUT]: raw}
+    if pixels is not None:
+      feed = {receiver.receiver_tensors[serving.RAW_INPUT]: pixels}
+    elif raw is not None:
+      alternative = receiver.receiver_tensors_alternatives[
+          serving.FLOAT_RECEIVER]
+      feed = {alternative[serving.RAW_INPUT]: raw}
     else:
       alternative = receiver.receiver_tensors_alternatives[
           serving.ENCODED_RECEIVER]
@@ -54,6 +61,26 @@ def test_digits_png_gives_the_raw_signatures_net_input():
   np.testing.assert_allclose(net_inputs(8, DIGITS, raw=raw), raw / 16,
                              atol=1e-7)
   assert np.abs(encoded - raw / 16).max() <= 0.5 / 255 + 1e-7
+  # serving_default: the PNG's own uint8 pixels, the PNG's net input.
+  np.testing.assert_allclose(net_inputs(8, DIGITS, pixels=pixels), encoded,
+                             atol=1e-6)
+
+
+def test_uint8_pixels_are_black_to_white_for_every_dataset():
+  rng = np.random.default_rng(1)
+  pixels = rng.integers(0, 256, [3, 6, 4, 3], dtype=np.uint8)
+  # TFRecord images: 0..255 raw, scaled by 1 / 255; resized 6x4 -> 4x4
+  # bilinear, as the raw floats are.
+  np.testing.assert_allclose(
+      net_inputs(4, RECORDS, pixels=pixels),
+      net_inputs(4, RECORDS, raw=pixels.astype(np.float32)), atol=1e-6)
+  square = pixels[:, :4]  # already 4x4: pixel / 255, no resizing.
+  np.testing.assert_allclose(net_inputs(4, RECORDS, pixels=square),
+                             square / 255.0, atol=1e-6)
+  synthetic = {"channels": 3, "pixel_scale": 1.0}  # raw 0..1.
+  np.testing.assert_allclose(
+      net_inputs(4, synthetic, pixels=pixels),
+      net_inputs(4, synthetic, raw=pixels / np.float32(255)), atol=1e-6)
 
 
 def test_encoded_batch_mixes_sizes_formats_and_bit_depths():
@@ -93,6 +120,7 @@ def test_each_signature_feeds_only_its_own_images():
   assert net_inputs(8, DIGITS, image_bytes=encode(pixels[:2])).shape == (
       2, 8, 8, 1)
   assert net_inputs(8, DIGITS, raw=raw[:0]).shape == (0, 8, 8, 1)
+  assert net_inputs(8, DIGITS, pixels=pixels[:3]).shape == (3, 8, 8, 1)
 
 
 @pytest.mark.parametrize("preprocessing", [
@@ -141,8 +169,10 @@ def test_export_serves_raw_and_encoded_images_with_evals_answers(tmp_path):
 
   loaded = tf.saved_model.load(saved_model)
   assert set(loaded.signatures) == {serving.RAW_SIGNATURE,
+                                    serving.FLOAT_SIGNATURE,
                                     serving.ENCODED_SIGNATURE}
-  raw_fn = loaded.signatures[serving.RAW_SIGNATURE]
+  pixels_fn = loaded.signatures[serving.RAW_SIGNATURE]
+  raw_fn = loaded.signatures[serving.FLOAT_SIGNATURE]
   encoded_fn = loaded.signatures[serving.ENCODED_SIGNATURE]
   raw, pixels = digits_pictures(360)  # the whole held-out split.
   _, labels = datasets.load_digits_split("eval")
@@ -161,6 +191,9 @@ def test_export_serves_raw_and_encoded_images_with_evals_answers(tmp_path):
                                expected["probabilities"][:batch], atol=1e-5)
     np.testing.assert_array_equal(answer["classes"],
                                   expected["classes"][:batch])
+    as_pixels = pixels_fn(images=tf.constant(pixels[:batch]))  # uint8.
+    np.testing.assert_allclose(as_pixels["probabilities"],
+                               expected["probabilities"][:batch], atol=1e-5)
 
   cli = saved_model_cli_run(saved_model, serving.ENCODED_SIGNATURE, {
       serving.ENCODED_INPUT: np.array(files[:7], dtype=object)}, tmp_path)

@@ -34,12 +34,12 @@ def script_flags(script):
 
 
 @pytest.mark.parametrize("script,expected_groups", [
-    (train, ["Model", "Data", "Towers", "Optimization",
+    (train, ["Start here", "Model", "Data", "Towers", "Optimization",
              "Checkpoints", "Fine-tuning", "Cluster", "Logging"]),
-    (eval_script, ["Model", "Data", "Towers", "Optimization",
-                   "Checkpoints", "Evaluation", "Logging"]),
-    (export, ["Model", "Data", "Towers", "Optimization",
-              "Checkpoints", "Evaluation", "Export", "Logging"]),
+    (eval_script, ["Start here", "Model", "Data", "Towers", "Optimization",
+                   "Evaluation", "Logging"]),  # its checkpoint flags start.
+    (export, ["Start here", "Model", "Data", "Towers", "Optimization",
+              "Evaluation", "Export", "Logging"]),
 ])
 def test_help_lists_every_flag_of_the_script_in_groups(script,
                                                        expected_groups):
@@ -53,18 +53,33 @@ def test_help_lists_every_flag_of_the_script_in_groups(script,
   assert text.rstrip().endswith("--helpfull.")
 
 
-def test_model_group_comes_first_and_defaults_are_shown():
+NEWCOMER = ["model_dir", "dataset_name", "dataset_dir", "model_name",
+            "batch_size", "max_steps", "learning_rate", "num_gpus",
+            "virtual_cpus", "checkpoint_path"]  # issue 44, in this order.
+
+
+def test_help_opens_with_the_ten_flags_a_newcomer_needs():
   text = grouped_help.help_text(train.__doc__, names=script_flags(train))
-  model = text.index("Model:")
-  assert model < text.index("--model_name") < text.index("Data:")
-  assert text.index("Data:") < text.index("--dataset_dir") < text.index(
-      "Towers:") < text.index("--virtual_cpus") < text.index("Optimization:")
+  lines = text.splitlines()
+  assert lines[:3] == [train.__doc__.strip().splitlines()[0], "",
+                       "Start here:"]
+  first = [name for name in re.findall(r"^  --(?:\[no\])?(\w+)", text, re.M)]
+  assert first[:10] == NEWCOMER
+  assert len(set(first)) == len(first)  # each flag once.
+  # then the docstring's rest, then today's groups.
+  assert text.index("--checkpoint_path") < text.index(
+      "With no flags it trains LeNet") < text.index("Model:") < text.index(
+          "--num_classes") < text.index("Data:") < text.index(
+              "--dataset_split_name") < text.index("Towers:")
   assert "--[no]sync_replicas" in text and "(default: 'lenet')" in text
+  assert "--model_dir" in "\n".join(lines[:8])
 
 
 def test_a_flag_without_a_group_is_shown_under_other():
-  assert grouped_help.grouped(["model_name", "brand_new"]) == [
-      ("Model", ["model_name"]), ("Other", ["brand_new"])]
+  assert grouped_help.grouped(["num_classes", "brand_new"]) == [
+      ("Model", ["num_classes"]), ("Other", ["brand_new"])]
+  assert grouped_help.grouped(["model_name", "num_classes"]) == [
+      ("Start here", ["model_name"]), ("Model", ["num_classes"])]
 
 
 @pytest.mark.parametrize("argv,wanted", [

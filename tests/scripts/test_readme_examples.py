@@ -154,9 +154,7 @@ def shell_text(text: str, row: Block, work: str) -> str:
   text = text.replace("{root}", ROOT)
   text = SCRIPT.sub(lambda m: f"python {ROOT}/{m.group(1)}.py", text)
   text = text.replace(" && ", "\n")  # each command checked by `set -e`.
-  text = text.replace("/data/", f"{work}/data/")
-  number = r"$(ls exports/flowers | tail -1)"
-  return text.replace("exports/flowers/<number>", f"exports/flowers/{number}")
+  return text.replace("/data/", f"{work}/data/")
 
 
 def python_text(text: str, row: Block) -> str:
