@@ -146,12 +146,7 @@ def _shares(split, examples) -> list:
 
 def _analyses(split) -> list:
   """Per tower, what its tensors are relative to its shard (`dataflow`)."""
-  analyses = []
-  for shard in split.shards:
-    leaves = dataflow.shard_leaves(shard)
-    analyses.append(dataflow.ShardAnalysis(leaves,
-                                           dataflow.static_size(leaves)))
-  return analyses
+  return [dataflow.shard_analysis(shard) for shard in split.shards]
 
 
 def _gradient_weights(options: Options, strategy) -> str:

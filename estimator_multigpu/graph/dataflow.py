@@ -262,6 +262,8 @@ def statistic_kind(tensor: tf.Tensor, analysis: ShardAnalysis,
     return SUM
   if ratio_parts(tensor, analysis, known) is not None:
     return RATIO
+  if _mean_of_static_rows(tensor, analysis):
+    return MEAN
   op, status = tensor.op, analysis.status
   if op.type in _KIND_OF_REDUCTION and status(op.inputs[0]) == ROWS:
     return _KIND_OF_REDUCTION[op.type]
@@ -279,6 +281,23 @@ def statistic_kind(tensor: tf.Tensor, analysis: ShardAnalysis,
       op.type == "Mul" or statistics[0] is op.inputs[0]):
     return kinds[0] if kinds[0] in (MEAN, SUM) else None
   return None
+
+
+def _mean_of_static_rows(tensor: tf.Tensor, analysis: ShardAnalysis) -> bool:
+  """A sum of per-example values divided by their count, which TensorFlow
+  folded into a constant (`tf.size` of a tensor of static shape)."""
+  op = strip_pass_through(tensor).op
+  if op.type not in _DIVISIONS:
+    return False
+  count = tf.get_static_value(op.inputs[1])
+  total = strip_pass_through(op.inputs[0])
+  if count is None or getattr(count, "ndim", 0) or total.op.type != "Sum":
+    return False
+  summed = total.op.inputs[0]
+  while summed.op.type == "Sum" and analysis.status(summed) == STATISTIC:
+    summed = summed.op.inputs[0]  # a sum of a sum (TF's `weighted_loss`).
+  return (analysis.status(summed) == ROWS and summed.shape.is_fully_defined()
+          and float(count) == summed.shape.num_elements())
 
 
 def ratio_parts(tensor: tf.Tensor, analysis: ShardAnalysis,
@@ -328,5 +347,11 @@ def is_count(tensor: tf.Tensor, analysis: ShardAnalysis) -> bool:
           tensor.shape.rank == 0)
 def shard_analysis(shard) -> ShardAnalysis:
   """A `ShardAnalysis` of one tower's shard (features, labels)."""
-  leaves = shard_leaves(shard)
-  return ShardAnalysis(leaves, static_size(leaves))
+  return ShardAnalysis(shard_leaves(shard), shard_size(shard))
+
+
+def shard_size(shard) -> Optional[int]:
+  """The shard's static number of examples, from its dense tensors (a
+  SparseTensor's components have other first dimensions)."""
+  return static_size([leaf for leaf in tf.nest.flatten(shard)
+                      if isinstance(leaf, tf.Tensor)])
