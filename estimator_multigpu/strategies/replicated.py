@@ -201,7 +201,7 @@ class ReplicatedVariables(shared.SharedVariables):
       tower0_state: list = []
       applies = [self._apply(update, tower0_state, apply_if)
                  for update in mine]
-      ops.append(_step_once(mine[0].call.global_step, applies, apply_if))
+      ops.append(_step_once(applies))
     return ops
 
   def _as_tower0_variables(self, grads_and_vars: list) -> list:
@@ -218,15 +218,38 @@ class ReplicatedVariables(shared.SharedVariables):
       with tf.device(tower.device), first.scopes(), \
           tf1.variable_creator_scope(_recorder(tower0_state)):
         return first.optimizer.apply_combined(
-            update.grads_and_vars, None, first.name, apply_if=apply_if)
+            update.grads_and_vars, first.global_step, first.name,
+            apply_if=apply_if)
     pairs = [(g, self._copies[(tower.index, v.op.name)])
              for g, v in update.grads_and_vars
              if (tower.index, v.op.name) in self._copies]
     optimizer = fresh_optimizer(first.optimizer.wrapped)
     with tf.device(tower.device), tf1.name_scope(tower.name + "/"), \
+        _tower_variable_names(tower), \
         _local_state_scope(tower, tower0_state):
       return base.applied_if(apply_if, lambda: optimizer.apply_gradients(
           pairs, None, first.name))
+
+
+@contextlib.contextmanager
+def _tower_variable_names(tower):
+  """`get_variable` in tower `tower`'s apply makes `tower_<i>/<name>`.
+
+  Optimizers that make their state with `get_variable(param_name +
+  "/adam_m")` (BERT, ALBERT's LAMB) ask for tower 0's names again; renamed,
+  the store makes a new variable, which `_local_state_scope` turns into
+  the tower's local copy of tower 0's.
+  """
+  prefix = tower.name + "/"
+
+  def rename(getter, name, *args, **kwargs):
+    if not name.startswith(prefix):
+      name = prefix + name
+    return getter(name, *args, **kwargs)
+
+  with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=rename,
+                          auxiliary_name_scope=False):
+    yield
 
 
 def _recorder(created: list):
@@ -261,15 +284,10 @@ def _local_state_scope(tower, tower0_state: list):
     yield
 
 
-def _step_once(global_step, applies: list, apply_if) -> tf.Operation:
-  """Groups the towers' updates; then moves `global_step` once (unless the
-  update was skipped)."""
-  if global_step is None:
-    return tf.group(*applies, name="replicated_update")
-  with tf.control_dependencies(applies), tf1.colocate_with(global_step):
-    return base.applied_if(apply_if, lambda: tf1.assign_add(
-        global_step, 1, name="global_step_update").op,
-                           name="global_step_if_finite")
+def _step_once(applies: list) -> tf.Operation:
+  """Groups the towers' updates. `global_step` moves with tower 0's, as
+  the wrapped optimizer moves it on one device (BERT's leaves it alone)."""
+  return tf.group(*applies, name="replicated_update")
 
 
 def _refuse_sync_replicas(optimizer) -> None:
