@@ -48,6 +48,7 @@ from estimator_multigpu.strategies import shared
 
 ref_variable = compat.internal("ref_variable")
 resource_variable_ops = compat.internal("resource_variable_ops")
+variables_lib = compat.internal("variables")
 tf1 = tf.compat.v1
 
 
@@ -149,6 +150,8 @@ class ReplicatedVariables(shared.SharedVariables):
     loss added to the tower's REGULARIZATION_LOSSES, as `get_variable` did
     for tower 0's variable.
     """
+    if isinstance(variable, variables_lib.PartitionedVariable):
+      return self._partitioned_copy(tower, variable, regularizer)
     if (not isinstance(variable, tf.Variable) or
         variable.op.name not in self._replicated):
       return variable
@@ -165,6 +168,18 @@ class ReplicatedVariables(shared.SharedVariables):
         if loss is not None:
           tf1.add_to_collection(tf1.GraphKeys.REGULARIZATION_LOSSES, loss)
     return self._copies[key]
+
+  def _partitioned_copy(self, tower, variable, regularizer):
+    """A partitioned variable of the tower's copies of each part (each
+    regularized as `get_variable` regularized tower 0's parts)."""
+    parts = [self.copy_for(tower, part, regularizer) for part in variable]
+    if parts == list(variable):
+      return variable  # not trainable: shared.
+    for part, original in zip(parts, variable):
+      part._set_save_slice_info(original._get_save_slice_info())  # pylint: disable=protected-access
+    return variables_lib.PartitionedVariable(
+        f"{tower.name}/{variable.name}", variable.get_shape(),
+        variable.dtype, parts, variable._get_partitions())  # pylint: disable=protected-access
 
   def carry(self, terms: list) -> None:
     self._carry = terms

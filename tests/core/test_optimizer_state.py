@@ -164,3 +164,167 @@ def test_async_applies_the_towers_in_order(kind, num_towers, session_config):
                                 session_config)
   assert sorted(got) == sorted(one_device)  # one set of state, its names.
   assert got["global_step"] == one_device["global_step"]
+
+
+# Variables made in other ways: partitioned, through a custom getter, in an
+# AUTO_REUSE scope. The model: pred = x @ w + Σⱼ emb[idsⱼ], trained with
+# Momentum (a slot per variable, per part).
+IDS = np.random.RandomState(6).randint(0, 6, size=(7, 2)).astype(np.int64)
+Y = np.random.RandomState(7).randn(7, 1).astype(np.float32)
+E0 = np.arange(12, dtype=np.float32).reshape(6, 2)[:, :1] / 10.0
+
+
+def _partitioned(partitioner):
+  def make():
+    emb = tf1.get_variable("emb", [6, 1], partitioner=partitioner,
+                           initializer=tf1.random_uniform_initializer(
+                               -1.0, 1.0, seed=3))
+    return emb, lambda ids: tf.nn.embedding_lookup(emb, ids)
+  return make
+
+
+def _plain():
+  emb = tf1.get_variable("emb", initializer=E0)
+  return emb, lambda ids: tf.gather(emb, ids)
+
+
+def _scaled_getter(getter, *args, **kwargs):
+  return getter(*args, **kwargs) * 1.5  # a weight-norm style transform.
+
+
+def _renaming_getter(getter, name, *args, **kwargs):
+  return getter(name + "_v", *args, **kwargs)
+
+
+def _identity_getter(getter, *args, **kwargs):
+  return getter(*args, **kwargs)
+
+
+def _with_getter(getter):
+  def make():
+    with tf1.variable_scope("g", custom_getter=getter):
+      return _plain()
+  return make
+
+
+def _auto_reuse_scope():
+  """A siamese lookup: the scope is entered twice with AUTO_REUSE."""
+  for _ in range(2):
+    with tf1.variable_scope("siamese", reuse=tf1.AUTO_REUSE):
+      emb, lookup = _plain()
+  return emb, lookup
+
+
+def _auto_reuse_get_variable():
+  with tf1.variable_scope(tf1.get_variable_scope(), reuse=tf1.AUTO_REUSE):
+    emb, lookup = _plain()
+    _plain()  # asked again: the same variable.
+  return emb, lookup
+
+
+VARIABLE_MAKERS = {
+    "fixed_size_partitioner": _partitioned(tf1.fixed_size_partitioner(2)),
+    "min_max_partitioner": _partitioned(tf1.min_max_variable_partitioner(
+        max_partitions=3, min_slice_size=8)),
+    "axis_size_partitioner": _partitioned(
+        tf1.variable_axis_size_partitioner(max_shard_bytes=8)),
+    "scaling_custom_getter": _with_getter(_scaled_getter),
+    "renaming_custom_getter": _with_getter(_renaming_getter),
+    "identity_custom_getter": _with_getter(_identity_getter),
+    "auto_reuse_scope": _auto_reuse_scope,
+    "auto_reuse_get_variable": _auto_reuse_get_variable,
+}
+
+
+def lookup_model_fn(make_variables, dense_layer="get_variable"):
+  def model_fn(features, labels, mode):
+    _, lookup = make_variables()
+    if dense_layer == "auto_reuse_layers":
+      for _ in range(2):
+        pred = tf1.layers.dense(features["x"], 1, name="d",
+                                reuse=tf1.AUTO_REUSE,
+                                kernel_initializer=tf1.constant_initializer(
+                                    W0[:, None]))
+    else:
+      w = tf1.get_variable("w", initializer=W0[:, None])
+      pred = tf.matmul(features["x"], w)
+    pred += tf.reduce_sum(lookup(features["ids"]), axis=1)
+    loss = tf.reduce_mean(tf.square(pred - labels))
+    opt = emg.TowerOptimizer(tf1.train.MomentumOptimizer(0.1, 0.9))
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=opt.minimize(
+        loss, tf1.train.get_global_step()))
+  return model_fn
+
+
+LOOKUP_FEATURES = {"x": X, "ids": IDS}
+ROWS = [(kind, "get_variable") for kind in VARIABLE_MAKERS] + [
+    ("auto_reuse_scope", "auto_reuse_layers")]
+
+
+@pytest.mark.parametrize("kind,dense", ROWS)
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_replicated_variables_made_any_way(kind, dense, num_towers,
+                                           session_config):
+  model_fn = lookup_model_fn(VARIABLE_MAKERS[kind], dense)
+  want, _ = harness.train(model_fn, LOOKUP_FEATURES, Y, 3, session_config)
+  got, _ = harness.train(model_fn, LOOKUP_FEATURES, Y, 3, session_config,
+                         num_towers=num_towers, variable_update="replicated")
+  harness.assert_same_variables(got, want)
+
+
+def linear_lookup_model_fn(make_variables):
+  """loss = mean(x @ w + Σⱼ emb[idsⱼ]): gradients that do not depend on the
+  weights (async towers read them while the previous tower writes)."""
+  def model_fn(features, labels, mode):
+    del labels
+    _, lookup = make_variables()
+    w = tf1.get_variable("w", initializer=W0[:, None])
+    pred = tf.matmul(features["x"], w) + tf.reduce_sum(
+        lookup(features["ids"]), axis=1)
+    loss = tf.reduce_mean(pred)
+    opt = emg.TowerOptimizer(tf1.train.MomentumOptimizer(0.1, 0.9))
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=opt.minimize(
+        loss, tf1.train.get_global_step()))
+  return model_fn
+
+
+def numpy_async_momentum(shards, steps, emb_scale=None):
+  """w, and how far the table moved, after `steps` steps of each shard's
+  mean gradient applied in turn with Momentum(0.1, 0.9): sparse for the
+  table (rows not looked up keep their accumulator) unless a getter scales
+  it. The table's start is the run's own: only its change is compared."""
+  w, emb = W0[:, None].astype(np.float64), np.zeros((6, 1))
+  accumulators = [np.zeros_like(w), np.zeros_like(emb)]
+  bounds = np.cumsum([0] + shards)
+  for _ in range(steps):
+    for a, b in zip(bounds[:-1], bounds[1:]):
+      counts = np.bincount(IDS[a:b].ravel(), minlength=6)[:, None]
+      grads = [X[a:b].mean(0)[:, None], (emb_scale or 1.0) * counts / (b - a)]
+      # Sparse: the rows looked up; dense through a scaling getter.
+      rows = [slice(None), slice(None) if emb_scale else counts[:, 0] > 0]
+      for k, (var, grad) in enumerate(zip([w, emb], grads)):
+        accumulators[k][rows[k]] = 0.9 * accumulators[k][rows[k]] + grad[
+            rows[k]]
+        var[rows[k]] -= 0.1 * accumulators[k][rows[k]]
+  return w, emb
+
+
+ASYNC_ROWS = ["fixed_size_partitioner", "min_max_partitioner",
+              "scaling_custom_getter", "auto_reuse_scope"]
+
+
+@pytest.mark.parametrize("kind", ASYNC_ROWS)
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_async_variables_made_any_way(kind, num_towers, session_config):
+  model_fn = linear_lookup_model_fn(VARIABLE_MAKERS[kind])
+  start, _ = harness.train(model_fn, LOOKUP_FEATURES, None, 0, session_config)
+  got, _ = harness.train(model_fn, LOOKUP_FEATURES, None, 3, session_config,
+                         num_towers=num_towers, synchronization="async")
+  assert sorted(got) == sorted(start) or kind.endswith("partitioner")
+  w, emb = numpy_async_momentum(SHARDS[num_towers], 3,
+                                1.5 if "scaling" in kind else None)
+  np.testing.assert_allclose(got["w"], w, atol=1e-5)
+  table = [name for name in sorted(got) if name.split("/")[-1].startswith(
+      ("emb", "part_")) and "Momentum" not in name]
+  moved = np.concatenate([got[name] - start[name] for name in table])
+  np.testing.assert_allclose(moved, emb, atol=1e-5)
