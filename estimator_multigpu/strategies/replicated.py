@@ -42,6 +42,7 @@ from typing import Optional
 import tensorflow as tf
 
 from estimator_multigpu import compat
+from estimator_multigpu.graph import writes
 from estimator_multigpu.strategies import allreduce
 from estimator_multigpu.strategies import base
 from estimator_multigpu.strategies import shared
@@ -239,11 +240,18 @@ class ReplicatedVariables(shared.SharedVariables):
              for g, v in update.grads_and_vars
              if (tower.index, v.op.name) in self._copies]
     optimizer = fresh_optimizer(first.optimizer.wrapped)
+    graph = tf1.get_default_graph()
+    start = len(graph.get_operations())
     with tf.device(tower.device), tf1.name_scope(tower.name + "/"), \
         _tower_variable_names(tower), \
-        _local_state_scope(tower, tower0_state):
-      return base.applied_if(apply_if, lambda: optimizer.apply_gradients(
+        _local_state_scope(tower, tower0_state) as made:
+      applied = base.applied_if(apply_if, lambda: optimizer.apply_gradients(
           pairs, None, first.name))
+    own = {v.op for v in made} | {copy.op for (index, _), copy in
+                                  self._copies.items() if index == tower.index}
+    _refuse_shared_writes(first.optimizer.wrapped, tower,
+                          graph.get_operations()[start:], own)
+    return applied
 
 
 @contextlib.contextmanager
@@ -296,7 +304,30 @@ def _local_state_scope(tower, tower0_state: list):
     return made[-1]
 
   with tf1.variable_creator_scope(create):
-    yield
+    yield made
+
+
+def _refuse_shared_writes(optimizer, tower, ops: list, own: set) -> None:
+  """Tower `tower`'s apply may write only its own copies and state.
+
+  Raises:
+    ValueError: it writes a variable every tower shares (state the
+      optimizer made outside its apply, `global_step`): it would move once
+      per tower per step.
+  """
+  shared_writes = sorted({w.variable.name for op in ops
+                          for w in writes.writes_of(op)
+                          if w.variable not in own})
+  if shared_writes:
+    raise ValueError(
+        f"{type(optimizer).__name__}'s apply_gradients writes "
+        f"`{shared_writes[0]}`, a variable it did not make in its apply (made "
+        "in the model_fn or the optimizer's constructor, or global_step), so "
+        "with variable_update='replicated', where every tower applies the "
+        f"update with a copy of the optimizer, it would move {tower.index + 1}"
+        " or more times per step. Make it in apply_gradients or _create_slots"
+        " (or leave global_step to the global_step argument), or pass "
+        "variable_update='shared'.")
 
 
 def _step_once(applies: list) -> tf.Operation:

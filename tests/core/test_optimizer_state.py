@@ -328,3 +328,48 @@ def test_async_variables_made_any_way(kind, num_towers, session_config):
       ("emb", "part_")) and "Momentum" not in name]
   moved = np.concatenate([got[name] - start[name] for name in table])
   np.testing.assert_allclose(moved, emb, atol=1e-5)
+
+
+class CountingSGD(tf1.train.GradientDescentOptimizer):
+  """Counts its applies in a variable made outside the apply: in the
+  model_fn (`counter`), or `global_step` itself."""
+
+  def __init__(self, counter):
+    super().__init__(LR)
+    self.counter = counter
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    update = super().apply_gradients(grads_and_vars, None, name)
+    with tf.control_dependencies([update]):
+      return self.counter.assign_add(tf.ones_like(self.counter)).op
+
+
+def counting_model_fn(counter_of):
+  def model_fn(features, labels, mode):
+    del labels
+    w = tf1.get_variable("w", initializer=W0)
+    loss = tf.reduce_mean(tf.tensordot(features, w, 1))
+    opt = emg.TowerOptimizer(CountingSGD(counter_of()))
+    return tf.estimator.EstimatorSpec(mode, loss=loss,
+                                      train_op=opt.minimize(loss))
+  return model_fn
+
+
+COUNTERS = {
+    "get_variable": lambda: tf1.get_variable(
+        "applies", initializer=0.0, trainable=False),
+    "tf_variable": lambda: tf.Variable(0, name="applies", trainable=False),
+    "global_step": lambda: tf1.train.get_global_step(),
+}
+
+
+@pytest.mark.parametrize("counter", sorted(COUNTERS))
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_replicated_refuses_state_made_outside_the_apply(
+    counter, num_towers, session_config):
+  with pytest.raises(ValueError, match="CountingSGD's apply_gradients "
+                     "writes `(applies|global_step)`.*variable_update="
+                     "'shared'"):
+    harness.train(counting_model_fn(COUNTERS[counter]), X, None, 1,
+                  session_config, num_towers=num_towers,
+                  variable_update="replicated")
