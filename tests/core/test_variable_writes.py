@@ -224,3 +224,30 @@ def test_additive_write_in_a_cond_warns(caplog, session_config):
   said = [r.getMessage() for r in caplog.records if "`hist`" in
           r.getMessage()]
   assert len(said) == 1 and "tf.cond" in said[0], caplog.text
+
+
+def max_norm(grouped):
+  """A max-norm constraint written after the update: w ← clip_by_norm(w)."""
+  def model_fn(features, labels, mode):
+    w = tf1.get_variable("w", initializer=W0 * 4.0)
+    loss = tf.reduce_mean(tf.square(tf.matmul(features, w) - labels))
+    opt = emg.TowerOptimizer(tf1.train.MomentumOptimizer(0.1, 0.9))
+    minimize = opt.minimize(loss, tf1.train.get_global_step())
+    with tf.control_dependencies([minimize]):
+      clip = tf1.assign(w, tf.clip_by_norm(w, 1.0))
+    train_op = tf.group(minimize, clip) if grouped else clip.op
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+  return model_fn
+
+
+@pytest.mark.parametrize("strategy", ["shared", "replicated"])
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_a_constraint_after_the_update_is_one_devices(num_towers, grouped,
+                                                      strategy,
+                                                      session_config):
+  want = run(max_norm(grouped), session_config)
+  got = run(max_norm(grouped), session_config, num_towers,
+            **STRATEGIES[strategy])
+  assert np.linalg.norm(want["w"]) <= 1.0 + 1e-5  # it was 2.4 at first.
+  harness.assert_same_variables(got, want)
