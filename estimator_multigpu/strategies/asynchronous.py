@@ -8,8 +8,9 @@ and 0 for an empty shard), and `apply` has the wrapped optimizer apply each
 tower's gradients as soon as they exist. Within a step the applies are
 chained in tower order, so no update is lost to a race and the slots move
 deterministically; tower 0's optimizer applies them all, so there is one set
-of slots with the single-device names. `global_step` moves once, with the
-last tower's update.
+of slots with the single-device names (state made with `get_variable`, as
+BERT's optimizer makes it, is reused from the second apply on).
+`global_step` moves once, with the last tower's update.
 """
 
 from __future__ import annotations

@@ -27,7 +27,13 @@ tf_cnn_benchmarks' `replicated` mode, tensorpack's
   every tower applies the same sum with its own copy of the optimizer, whose
   slots (`tower_<i>/<tower 0's slot name>`) are local too and start from
   tower 0's. Identical inputs and identical ops keep the copies bit-identical.
-  `global_step` moves once, after every tower's update.
+  `global_step` is given to tower 0's apply only, so it moves as the
+  wrapped optimizer moves it on one device (BERT's leaves it alone).
+  Optimizer state made with `get_variable` (BERT's and LAMB's
+  `param_name + "/adam_m"`) is renamed `tower_<i>/...` in tower i's apply,
+  so it becomes a local copy too; a partitioned variable gets a partitioned
+  copy. An apply that writes a variable no tower copies (state made in the
+  model_fn, `global_step` itself) is refused: it would move once per tower.
 
 Only TRAIN replicates: EVAL and PREDICT make no update, so their towers read
 tower 0's variables as in "shared" mode.
@@ -210,7 +216,8 @@ class ReplicatedVariables(shared.SharedVariables):
 
   def apply(self, updates: list,
             apply_if: Optional[tf.Tensor] = None) -> list:
-    """Every tower applies its sum to its own copies; `global_step` once."""
+    """Every tower applies its sum to its own copies; `global_step` moves
+    with tower 0's apply."""
     ops = []
     for position in sorted({update.position for update in updates}):
       mine = [u for u in updates if u.position == position]
