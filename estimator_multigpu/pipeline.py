@@ -95,7 +95,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
                                  analyses=analyses)
   else:
     towers[0].deferred_dependencies += state_updates.reconcile(
-        towers, split.shards[0], ranges.ops.get(0, ()), ranges.ops)
+        towers, split.shards[0], ranges.ops)
     weight = (accumulation.micro_batch_weight(towers[0], examples,
                                               split.shards[0])
               if options.accumulate_steps > 1 else examples)

@@ -41,7 +41,7 @@ from estimator_multigpu.graph import writes as writes_lib
 tf1 = tf.compat.v1
 
 
-def reconcile(towers: list, shard: Iterable, tower0_ops: Iterable = (),
+def reconcile(towers: list, shard: Iterable,
               tower_ops: Optional[dict] = None) -> list:
   """Makes tower 0's writes one device's, or warns; returns what tower 0's
   train_op must also run (towers 1..'s matching collectives).
@@ -49,9 +49,9 @@ def reconcile(towers: list, shard: Iterable, tower0_ops: Iterable = (),
   Args:
     towers: the built towers (before the update is tied to them).
     shard: tower 0's inputs (a nested structure of tensors).
-    tower0_ops: every op tower 0 built (writes a hook may run).
-    tower_ops: {tower index: the ops it built}, to match towers' ops by
-      position among those of their type (else by name).
+    tower_ops: {tower index: the ops it built}: tower 0's writes outside
+      the train_op (a hook may run them), and towers matched by position
+      among the ops of each type (else by name).
   """
   tower0 = towers[0]
   update_ops = {_op(t) for t in tower0.collections.get(
@@ -64,8 +64,8 @@ def reconcile(towers: list, shard: Iterable, tower0_ops: Iterable = (),
                                     _static_shapes(tensors)), reached,
                      tower_ops or {})
   skip = _not_the_model_fns(tower0)
-  for op in sorted((reached | set(tower0_ops)) - updating,
-                   key=lambda o: o.name):
+  outside = set(context.tower_ops.get(0, ())) - updating - reached
+  for op in sorted(reached | outside, key=lambda o: o.name):
     for write in writes_lib.writes_of(op):
       if write.variable not in skip:
         _run_with(op, _reconcile_write(write, context))
