@@ -262,13 +262,15 @@ ROWS = [(kind, "get_variable") for kind in VARIABLE_MAKERS] + [
 
 
 @pytest.mark.parametrize("kind,dense", ROWS)
-@pytest.mark.parametrize("num_towers", [2, 3])
-def test_replicated_variables_made_any_way(kind, dense, num_towers,
-                                           session_config):
+@pytest.mark.parametrize("num_towers,variable_update", [
+    (2, "replicated"), (3, "replicated"), (3, "shared")])
+def test_variables_made_any_way(kind, dense, num_towers, variable_update,
+                                session_config):
   model_fn = lookup_model_fn(VARIABLE_MAKERS[kind], dense)
   want, _ = harness.train(model_fn, LOOKUP_FEATURES, Y, 3, session_config)
   got, _ = harness.train(model_fn, LOOKUP_FEATURES, Y, 3, session_config,
-                         num_towers=num_towers, variable_update="replicated")
+                         num_towers=num_towers,
+                         variable_update=variable_update)
   harness.assert_same_variables(got, want)
 
 
