@@ -96,6 +96,8 @@ INTERNALS = {
                        "fast tf-slim layer builds (tensor equality)"),
     "ref_variable": Internal(_TF + "ops.ref_variable", ("RefVariable",),
                              "replicated variables"),
+    "variables": Internal(_TF + "ops.variables", ("PartitionedVariable",),
+                          "replicated partitioned variables"),
     "resource_variable_ops": Internal(
         _TF + "ops.resource_variable_ops",
         ("ResourceVariable", "is_resource_variable"), "replicated variables"),

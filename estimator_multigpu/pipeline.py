@@ -117,7 +117,7 @@ def _build_spec(model_fn, options: Options, features, labels, mode, params,
                                  pad_value=options.prediction_pad_value)
   else:
     towers[0].deferred_dependencies += state_updates.reconcile(
-        towers, split.shards[0])
+        towers, split.shards[0], ranges.ops)
     weight = (accumulation.micro_batch_weight(towers[0], examples,
                                               split.shards[0])
               if options.accumulate_steps > 1 else examples)
@@ -252,7 +252,8 @@ def _train_spec(towers: list, strategy, options: Options, examples, scaling,
       global_batch_size=examples, loss_scaling=scaling,
       clip_norm=options.clip_gradients_by_norm)
   apply_ops = triggers.tie(towers[0], chain.build(towers),
-                          accumulate=options.accumulate_steps > 1)
+                          accumulate=options.accumulate_steps > 1,
+                          peers=towers[1:])
   specs_lib.summarize_tower_losses(towers)
   spec = specs_lib.merge_specs(
       towers, ModeKeys.TRAIN, specs_lib.merged_train_op(towers, apply_ops))

@@ -9,6 +9,7 @@ import tensorflow as tf
 from estimator_multigpu import options as options_lib
 from estimator_multigpu import pipeline
 from estimator_multigpu.graph import plan as plan_lib
+from estimator_multigpu.graph import warn_once
 from estimator_multigpu import slim_compat
 
 tf1 = tf.compat.v1
@@ -297,8 +298,9 @@ def _wrap(model_fn: ModelFn, options: Options) -> ModelFn:
     raise TypeError(f"`multi_gpu` wraps a model_fn; got {model_fn!r}.")
 
   def replicated_model_fn(features, labels, mode, params, config):
-    return pipeline.build_spec(model_fn, options, features, labels, mode,
-                               params, config)
+    with warn_once.model_scope(replicated_model_fn, mode):
+      return pipeline.build_spec(model_fn, options, features, labels, mode,
+                                 params, config)
 
   replicated_model_fn.__name__ = getattr(model_fn, "__name__", "model_fn")
   replicated_model_fn.__doc__ = model_fn.__doc__

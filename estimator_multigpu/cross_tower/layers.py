@@ -34,7 +34,6 @@ import contextlib
 import importlib
 from typing import Any
 
-from absl import logging
 import tensorflow as tf
 
 
@@ -43,9 +42,9 @@ from estimator_multigpu.cross_tower import collectives
 from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.cross_tower import moments
 from estimator_multigpu.cross_tower import patching
+from estimator_multigpu.graph import warn_once
 
 tf1 = tf.compat.v1
-_WARNED: set = set()
 
 
 def scope_factory(group: collectives.Group):
@@ -79,20 +78,20 @@ def tower_scope(tower_index: int, group: collectives.Group,
 @contextlib.contextmanager
 def per_tower_scope(tower):
   """Without `sync_batch_norm`: batch norm stays per tower, and a layer that
-  normalizes with batch statistics warns once that it does."""
+  normalizes with batch statistics warns (once per model) that it does."""
   del tower
   with _patched():
     yield
 
 
 def _per_tower(training: Any = True) -> None:
-  """A batch-norm layer is normalizing one tower's shard: warn once."""
+  """A batch-norm layer is normalizing one tower's shard: warn (once per
+  model and mode, `warn_once`)."""
   context = context_lib.current()
-  if (context is None or context.group.num_towers == 1 or training is False
-      or "per_tower" in _WARNED):
+  if context is None or context.group.num_towers == 1 or training is False:
     return
-  _WARNED.add("per_tower")
-  logging.warning(
+  warn_once.warn(
+      "batch_norm_per_tower",
       "multi_gpu: batch norm in training normalizes each tower's shard with "
       "that shard's own statistics (%d towers), so its outputs, gradients "
       "and moving statistics differ from one device's on the global batch. "

@@ -1,20 +1,28 @@
-"""State the model_fn updates in its own train_op, outside UPDATE_OPS.
+"""State the model_fn writes itself, outside UPDATE_OPS and the optimizer.
 
-Each step runs tower 0's train_op only, so a variable written there (an
-example counter, center-loss centers, a hand-written batch norm's moving
-averages) would see tower 0's shard only. `reconcile` reads the graph's
-structure (op types and data flow, never names) of every variable write the
-train_op reaches outside UPDATE_OPS and whose value depends on the shard:
+Each step runs tower 0's train_op (and tower 0's hooks) only, so a variable
+written there (an example counter, a class histogram, center-loss centers, a
+hand-written batch norm's moving averages) would see tower 0's shard only.
+`reconcile` finds every write of tower 0 by what the op does (`writes`:
+any op taking a variable's handle or reference to change it) that runs with
+the step — grouped into the train_op, a control dependency of `minimize`,
+inside a `tf.cond`, or in an op a hook runs (any write tower 0 built) — and
+reads the graph's structure (data flow, never names) of the value written:
 
 - its value depends on the shard only through a cross-tower tool
   (`cross_tower_sum`, `cross_tower_moments`, ...): it is already the global
-  batch's; tower 0 writes it once, and the train_op also runs the tool's collective in
-  towers 1.. (without them it would wait for its peers until the timeout);
-- an `assign_add`/`assign_sub`/`scatter_add`/`scatter_sub` whose value does
-  not read the variable (a counter, a sum over the batch): every tower adds
-  its own shard's part, so the variable moves by the global batch's sum;
-- anything else (a moving average, center loss reading its centers): a
-  WARNING naming the variable and the cross-tower tool that makes it exact.
+  batch's; tower 0 writes it once, and the train_op also runs the tool's
+  collective in towers 1.. (without them it would wait for its peers until
+  the timeout);
+- an additive write (`assign_add`, `scatter_add`, `scatter_nd_sub`, ...)
+  whose value does not read the variable (a counter, a sum over the
+  examples): tower 0's write runs every tower's (control inputs), so the
+  variable moves by the global batch's sum, whichever op runs it;
+- a write to a replicated variable's copies that the towers agree on (a
+  max-norm constraint): every tower's runs, on its own copy;
+- anything else (a moving average, center loss reading its centers, a write
+  inside a `tf.cond`): a WARNING naming the variable, the op, how it runs
+  and the cross-tower tool that makes it exact (once per model and mode).
 """
 
 from __future__ import annotations
@@ -27,45 +35,41 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from estimator_multigpu.graph import warn_once
+from estimator_multigpu.graph import writes as writes_lib
+
 tf1 = tf.compat.v1
 
-_ADDITIVE = {"AssignAddVariableOp": 1, "AssignSubVariableOp": 1,
-             "AssignAdd": 1, "AssignSub": 1, "ResourceScatterAdd": 2,
-             "ResourceScatterSub": 2, "ScatterAdd": 2, "ScatterSub": 2}
-_OTHER_WRITES = {"AssignVariableOp": 1, "Assign": 1,
-                 "ResourceScatterUpdate": 2, "ScatterUpdate": 2,
-                 "ResourceScatterMul": 2, "ResourceScatterDiv": 2,
-                 "ResourceScatterMin": 2, "ResourceScatterMax": 2,
-                 "ScatterMul": 2, "ScatterDiv": 2, "ScatterNdUpdate": 2,
-                 "ResourceScatterNdUpdate": 2, "ScatterNdAdd": 2,
-                 "ResourceScatterNdAdd": 2}
-_WRITES = {**_ADDITIVE, **_OTHER_WRITES}
-_VARIABLE_OPS = frozenset(["VarHandleOp", "VariableV2", "Variable"])
 
-
-def reconcile(towers: list, shard: Iterable) -> list:
-  """The ops tower 0's train_op must also run; warns for inexact writes.
+def reconcile(towers: list, shard: Iterable,
+              tower_ops: Optional[dict] = None) -> list:
+  """Makes tower 0's writes one device's, or warns; returns what tower 0's
+  train_op must also run (towers 1..'s matching collectives).
 
   Args:
     towers: the built towers (before the update is tied to them).
     shard: tower 0's inputs (a nested structure of tensors).
-
-  Returns:
-    Towers 1..'s matching additive writes and collectives.
+    tower_ops: {tower index: the ops it built}: tower 0's writes outside
+      the train_op (a hook may run them), and towers matched by position
+      among the ops of each type (else by name).
   """
   tower0 = towers[0]
   update_ops = {_op(t) for t in tower0.collections.get(
       tf1.GraphKeys.UPDATE_OPS, [])}
   reached = ancestors([_op(tower0.spec.train_op)], stop=update_ops)
+  updating = ancestors(list(update_ops)) if update_ops else set()
   tensors = [t for t in tf.nest.flatten(shard, expand_composites=True)
              if isinstance(t, tf.Tensor)]
-  shard = _Shard({t.op for t in tensors}, _static_shapes(tensors))
-  extra = peer_collectives(reached)
-  skip = update_ops | {_op(_variable_of(tf1.train.get_global_step()))}
-  for op in sorted(reached, key=lambda o: o.name):
-    if op.type in _WRITES and _variable(op) not in skip and op not in skip:
-      extra += _reconcile_write(op, towers, shard)
-  return extra
+  context = _Context(towers, _Shard({t.op for t in tensors},
+                                    _static_shapes(tensors)), reached,
+                     tower_ops or {})
+  skip = _not_the_model_fns(tower0)
+  outside = set(context.tower_ops.get(0, ())) - updating - reached
+  for op in sorted(reached | outside, key=lambda o: o.name):
+    for write in writes_lib.writes_of(op):
+      if write.variable not in skip:
+        _run_with(op, _reconcile_write(write, context))
+  return peer_collectives(reached)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,13 +78,34 @@ class _Shard:
   shapes: list  # their static shapes (fully known ones), as lists.
 
 
+@dataclasses.dataclass(frozen=True)
+class _Context:
+  towers: list
+  shard: _Shard
+  reached: set  # what tower 0's train_op runs.
+  tower_ops: dict
+
+
+def _not_the_model_fns(tower0) -> set:
+  """Variables whose writes are not the model_fn's state: `global_step`
+  and streaming-metric state."""
+  step = tf1.train.get_global_step()
+  metrics = tower0.collections.get(tf1.GraphKeys.METRIC_VARIABLES, []) + \
+      tf1.get_collection(tf1.GraphKeys.METRIC_VARIABLES)
+  return {writes_lib.variable_of(v.op.outputs[0]) or v.op
+          for v in ([step] if step is not None else []) + metrics
+          if hasattr(v, "op")}
+
+
+def _run_with(op, peers: list) -> None:
+  """Tower 0's `op` runs `peers` first, whichever op of the step runs it."""
+  if peers:
+    op._add_control_inputs(peers)  # pylint: disable=protected-access
+
+
 def _static_shapes(tensors: list) -> list:
   return [t.shape.as_list() for t in tensors
           if t.shape.rank and t.shape.is_fully_defined()]
-
-
-def _variable_of(variable):
-  return variable.op if variable is not None else None
 
 
 def _depends_on_shard(value: set, peer_values: list, shard: _Shard) -> bool:
@@ -103,39 +128,84 @@ def _constants(ops: set) -> list:
           for op in sorted(ops, key=lambda o: o.name) if op.type == "Const"]
 
 
-def _reconcile_write(op, towers: list, shard: _Shard) -> list:
-  """Towers 1..'s copies of an additive write, or [] (and maybe a warning)."""
-  value = ancestors(_value_ops(op), stop=is_collective)
-  peers = [_peer(op, tower) for tower in towers[1:]]
-  peer_values = [ancestors(_value_ops(p), stop=is_collective)
+def _reconcile_write(write, context: _Context) -> list:
+  """Towers 1..'s writes tower 0's must run (maybe none; maybe a warning)."""
+  peers = [_peer(write, tower, context) for tower in context.towers[1:]]
+  value = ancestors(list(write.values), stop=is_collective)
+  peer_values = [ancestors(list(p.values), stop=is_collective)
                  for p in peers if p]
-  if not _depends_on_shard(value, peer_values, shard):
-    return []  # the same in every tower, or already the global batch's.
-  variable = _variable(op)
-  if op.type in _ADDITIVE and variable not in value:
-    if all(peers):
-      logging.info("multi_gpu: `%s` is updated in the train_op (%s): every "
-                   "tower adds its shard's part.", variable.name, op.type)
-      return peers
-  _warn(variable, op)
+  own_copies = all(peers) and any(p.variable is not write.variable
+                                  for p in peers)
+  if not _depends_on_shard(value, peer_values, context.shard):
+    # The same in every tower, or already the global batch's.
+    return [p.op for p in peers] if own_copies else []
+  if (write.additive and write.variable not in value and all(peers)
+      and not own_copies):
+    logging.info("multi_gpu: `%s` is updated with the step (%s): every "
+                 "tower adds its shard's part.", write.variable.name,
+                 write.kind)
+    return [p.op for p in peers]
+  _warn(write, _how(write, context))
   return []
+
+
+def _how(write, context: _Context) -> str:
+  """How the write runs with the step, in the user's words."""
+  if write.in_function:
+    return "inside a tf.cond, tf.while_loop or tf.function"
+  if write.op not in context.reached:
+    return "outside the train_op: in an op a hook runs, or not run"
+  recorded = {call.recorded for call in context.towers[0].optimizer_calls}
+  consumers = [op for op in context.reached if write.op in op.control_inputs]
+  if any(op in recorded or op.name.endswith(
+      "control_dependencies_of_compute_gradients") for op in consumers):
+    return "a control dependency of the optimizer's minimize/apply_gradients"
+  if _op(context.towers[0].spec.train_op) in consumers:
+    return "grouped into the train_op"
+  if consumers:
+    return f"a control dependency of `{consumers[0].name}`"
+  return "an input of the train_op"
+
+
+def _peer(write, tower, context: _Context):
+  """Tower `tower`'s write matching tower 0's `write`, or None."""
+  op = _counterpart(write.op, tower, context.tower_ops)
+  if op is None:
+    return None
+  matching = [w for w in writes_lib.writes_of(op) if w.kind == write.kind]
+  return matching[0] if len(matching) == 1 else None
+
+
+def _counterpart(op, tower, tower_ops: dict):
+  """Tower `tower`'s op in the place of tower 0's `op`: at the same position
+  among the ops of its type each tower built, else by name."""
+  mine = [o for o in tower_ops.get(0, []) if o.type == op.type]
+  theirs = [o for o in tower_ops.get(tower.index, []) if o.type == op.type]
+  if op in mine and len(mine) == len(theirs):
+    return theirs[mine.index(op)]
+  try:
+    return op.graph.get_operation_by_name(f"{tower.name}/{op.name}")
+  except KeyError:
+    return None
 
 
 # Variables the train_op updates from tower 0's shard only (`check_towers`).
 STATE_COLLECTION = "estimator_multigpu_train_op_state_updates"
 
 
-def _warn(variable, op) -> None:
+def _warn(write, how: str) -> None:
+  variable = write.variable
   tf1.add_to_collection(STATE_COLLECTION, variable.name)
-  logging.warning(
-      "multi_gpu: the train_op updates `%s` (%s) from tower 0's shard only: "
-      "the value written depends on the tower's batch and is not one of the "
-      "global batch. Compute it over the global batch with "
+  warn_once.warn(
+      f"state_update:{variable.name}",
+      "multi_gpu: the model_fn updates `%s` (%s, %s) from tower 0's shard "
+      "only: the value written depends on the tower's batch and is not one "
+      "of the global batch. Compute it over the global batch with "
       "`emg.cross_tower_sum` (e.g. center loss: the per-class counts and "
       "sums) or `emg.cross_tower_moments` (batch-norm moving averages; or "
       "use tf.compat.v1.layers.BatchNormalization with "
       "multi_gpu(sync_batch_norm=True)), or put the update in UPDATE_OPS.",
-      variable.name, op.type)
+      variable.name, write.kind, how)
 
 
 def peer_collectives(reached: set) -> list:
@@ -157,31 +227,6 @@ def _instance_key(op):
     return None if key is None else int(key)
   return op.get_attr("instance_key") if "instance_key" in op.node_def.attr \
       else None
-
-
-def _peer(op, tower):
-  """Tower `tower`'s op built by the same line of the model_fn, or None."""
-  try:
-    return op.graph.get_operation_by_name(f"{tower.name}/{op.name}")
-  except KeyError:
-    return None
-
-
-def _value_ops(op) -> list:
-  """The tensors a write op writes (indices, values)."""
-  return list(op.inputs[_written_value_index(op):])
-
-
-def _written_value_index(op) -> int:
-  return _WRITES[op.type]
-
-
-def _variable(op):
-  """The variable op a write op writes (through identities)."""
-  source = op.inputs[0].op
-  while source.type not in _VARIABLE_OPS and source.inputs:
-    source = source.inputs[0].op
-  return source
 
 
 def is_collective(op) -> bool:

@@ -8,18 +8,30 @@ and 0 for an empty shard), and `apply` has the wrapped optimizer apply each
 tower's gradients as soon as they exist. Within a step the applies are
 chained in tower order, so no update is lost to a race and the slots move
 deterministically; tower 0's optimizer applies them all, so there is one set
-of slots with the single-device names. `global_step` moves once, with the
-last tower's update.
+of slots with the single-device names (state made with `get_variable`, as
+BERT's optimizer makes it, is reused from the second apply on).
+`global_step` moves once, with the last tower's update.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import tensorflow as tf
 
 from estimator_multigpu.strategies import base
 from estimator_multigpu.strategies import shared
+
+
+def _reusing(reuse: bool):
+  """After the first apply, `get_variable` returns the state it made
+  (BERT's and LAMB's moments: `get_variable(param_name + "/adam_m")`)."""
+  if not reuse:
+    return contextlib.nullcontext()
+  return tf.compat.v1.variable_scope(
+      tf.compat.v1.get_variable_scope(), reuse=tf.compat.v1.AUTO_REUSE,
+      auxiliary_name_scope=False)
 
 
 class AsyncTowers(shared.SharedVariables):
@@ -49,7 +61,7 @@ class AsyncTowers(shared.SharedVariables):
       step = (call.global_step if update.tower.index == last[update.position]
               else None)
       with tf.device(update.device), call.scopes(), \
-          tf.control_dependencies(previous):
+          _reusing(update.tower.index > 0), tf.control_dependencies(previous):
         op = call.optimizer.apply_combined(
             update.grads_and_vars, step, f"{call.name or 'apply'}_"
             f"{update.tower.name}")

@@ -23,6 +23,8 @@ from typing import Any, Callable, Optional
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu.graph import warn_once
+
 tf1 = tf.compat.v1
 
 _VARIABLE_OPS = frozenset([
@@ -162,7 +164,8 @@ def warn_if_transformed_differently(calls: list) -> None:
     differ = [v.op.name for (_, v), a, b in zip(
         first.grads_and_vars, first.signature, call.signature) if a != b]
     if differ:
-      logging.warning(
+      warn_once.warn(
+          f"transformed_differently:{differ}",
           "multi_gpu: tower %d transformed the gradients of %s differently "
           "from tower 0 (ops %s vs %s), so the towers' gradients do not "
           "combine into one device's. Choose multipliers and transforms by "
@@ -202,5 +205,6 @@ def warn_no_gradient(tower_grads: list, variables: list) -> None:
   missing = [v.op.name for k, v in enumerate(variables)
              if all(grads[k] is None for grads in tower_grads)]
   if missing:
-    logging.warning("multi_gpu: no gradient for %d variable(s): %s",
-                    len(missing), ", ".join(missing))
+    warn_once.warn(f"no_gradient:{missing}",
+                   "multi_gpu: no gradient for %d variable(s): %s",
+                   len(missing), ", ".join(missing))

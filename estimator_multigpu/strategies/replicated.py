@@ -27,7 +27,13 @@ tf_cnn_benchmarks' `replicated` mode, tensorpack's
   every tower applies the same sum with its own copy of the optimizer, whose
   slots (`tower_<i>/<tower 0's slot name>`) are local too and start from
   tower 0's. Identical inputs and identical ops keep the copies bit-identical.
-  `global_step` moves once, after every tower's update.
+  `global_step` is given to tower 0's apply only, so it moves as the
+  wrapped optimizer moves it on one device (BERT's leaves it alone).
+  Optimizer state made with `get_variable` (BERT's and LAMB's
+  `param_name + "/adam_m"`) is renamed `tower_<i>/...` in tower i's apply,
+  so it becomes a local copy too; a partitioned variable gets a partitioned
+  copy. An apply that writes a variable no tower copies (state made in the
+  model_fn, `global_step` itself) is refused: it would move once per tower.
 
 Only TRAIN replicates: EVAL and PREDICT make no update, so their towers read
 tower 0's variables as in "shared" mode.
@@ -43,12 +49,14 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.cross_tower import regularization
+from estimator_multigpu.graph import writes
 from estimator_multigpu.strategies import allreduce
 from estimator_multigpu.strategies import base
 from estimator_multigpu.strategies import shared
 
 ref_variable = compat.internal("ref_variable")
 resource_variable_ops = compat.internal("resource_variable_ops")
+variables_lib = compat.internal("variables")
 tf1 = tf.compat.v1
 
 
@@ -150,6 +158,8 @@ class ReplicatedVariables(shared.SharedVariables):
     loss added to the tower's REGULARIZATION_LOSSES, as `get_variable` did
     for tower 0's variable.
     """
+    if isinstance(variable, variables_lib.PartitionedVariable):
+      return self._partitioned_copy(tower, variable, regularizer)
     if (not isinstance(variable, tf.Variable) or
         variable.op.name not in self._replicated):
       return variable
@@ -166,6 +176,18 @@ class ReplicatedVariables(shared.SharedVariables):
         if loss is not None:
           tf1.add_to_collection(tf1.GraphKeys.REGULARIZATION_LOSSES, loss)
     return self._copies[key]
+
+  def _partitioned_copy(self, tower, variable, regularizer):
+    """A partitioned variable of the tower's copies of each part (each
+    regularized as `get_variable` regularized tower 0's parts)."""
+    parts = [self.copy_for(tower, part, regularizer) for part in variable]
+    if parts == list(variable):
+      return variable  # not trainable: shared.
+    for part, original in zip(parts, variable):
+      part._set_save_slice_info(original._get_save_slice_info())  # pylint: disable=protected-access
+    return variables_lib.PartitionedVariable(
+        f"{tower.name}/{variable.name}", variable.get_shape(),
+        variable.dtype, parts, variable._get_partitions())  # pylint: disable=protected-access
 
   def carry(self, terms: list) -> None:
     self._carry = terms
@@ -195,14 +217,15 @@ class ReplicatedVariables(shared.SharedVariables):
 
   def apply(self, updates: list,
             apply_if: Optional[tf.Tensor] = None) -> list:
-    """Every tower applies its sum to its own copies; `global_step` once."""
+    """Every tower applies its sum to its own copies; `global_step` moves
+    with tower 0's apply."""
     ops = []
     for position in sorted({update.position for update in updates}):
       mine = [u for u in updates if u.position == position]
       tower0_state: list = []
       applies = [self._apply(update, tower0_state, apply_if)
                  for update in mine]
-      ops.append(_step_once(mine[0].call.global_step, applies, apply_if))
+      ops.append(_step_once(applies))
     return ops
 
   def _as_tower0_variables(self, grads_and_vars: list) -> list:
@@ -219,15 +242,45 @@ class ReplicatedVariables(shared.SharedVariables):
       with tf.device(tower.device), first.scopes(), \
           tf1.variable_creator_scope(_recorder(tower0_state)):
         return first.optimizer.apply_combined(
-            update.grads_and_vars, None, first.name, apply_if=apply_if)
+            update.grads_and_vars, first.global_step, first.name,
+            apply_if=apply_if)
     pairs = [(g, self._copies[(tower.index, v.op.name)])
              for g, v in update.grads_and_vars
              if (tower.index, v.op.name) in self._copies]
     optimizer = fresh_optimizer(first.optimizer.wrapped)
+    graph = tf1.get_default_graph()
+    start = len(graph.get_operations())
     with tf.device(tower.device), tf1.name_scope(tower.name + "/"), \
-        _local_state_scope(tower, tower0_state):
-      return base.applied_if(apply_if, lambda: optimizer.apply_gradients(
+        _tower_variable_names(tower), \
+        _local_state_scope(tower, tower0_state) as made:
+      applied = base.applied_if(apply_if, lambda: optimizer.apply_gradients(
           pairs, None, first.name))
+    own = {v.op for v in made} | {copy.op for (index, _), copy in
+                                  self._copies.items() if index == tower.index}
+    _refuse_shared_writes(first.optimizer.wrapped, tower,
+                          graph.get_operations()[start:], own)
+    return applied
+
+
+@contextlib.contextmanager
+def _tower_variable_names(tower):
+  """`get_variable` in tower `tower`'s apply makes `tower_<i>/<name>`.
+
+  Optimizers that make their state with `get_variable(param_name +
+  "/adam_m")` (BERT, ALBERT's LAMB) ask for tower 0's names again; renamed,
+  the store makes a new variable, which `_local_state_scope` turns into
+  the tower's local copy of tower 0's.
+  """
+  prefix = tower.name + "/"
+
+  def rename(getter, name, *args, **kwargs):
+    if not name.startswith(prefix):
+      name = prefix + name
+    return getter(name, *args, **kwargs)
+
+  with tf1.variable_scope(tf1.get_variable_scope(), custom_getter=rename,
+                          auxiliary_name_scope=False):
+    yield
 
 
 def _recorder(created: list):
@@ -259,18 +312,36 @@ def _local_state_scope(tower, tower0_state: list):
     return made[-1]
 
   with tf1.variable_creator_scope(create):
-    yield
+    yield made
 
 
-def _step_once(global_step, applies: list, apply_if) -> tf.Operation:
-  """Groups the towers' updates; then moves `global_step` once (unless the
-  update was skipped)."""
-  if global_step is None:
-    return tf.group(*applies, name="replicated_update")
-  with tf.control_dependencies(applies), tf1.colocate_with(global_step):
-    return base.applied_if(apply_if, lambda: tf1.assign_add(
-        global_step, 1, name="global_step_update").op,
-                           name="global_step_if_finite")
+def _refuse_shared_writes(optimizer, tower, ops: list, own: set) -> None:
+  """Tower `tower`'s apply may write only its own copies and state.
+
+  Raises:
+    ValueError: it writes a variable every tower shares (state the
+      optimizer made outside its apply, `global_step`): it would move once
+      per tower per step.
+  """
+  shared_writes = sorted({w.variable.name for op in ops
+                          for w in writes.writes_of(op)
+                          if w.variable not in own})
+  if shared_writes:
+    raise ValueError(
+        f"{type(optimizer).__name__}'s apply_gradients writes "
+        f"`{shared_writes[0]}`, a variable it did not make in its apply (made "
+        "in the model_fn or the optimizer's constructor, or global_step), so "
+        "with variable_update='replicated', where every tower applies the "
+        f"update with a copy of the optimizer, it would move {tower.index + 1}"
+        " or more times per step. Make it in apply_gradients or _create_slots"
+        " (or leave global_step to the global_step argument), or pass "
+        "variable_update='shared'.")
+
+
+def _step_once(applies: list) -> tf.Operation:
+  """Groups the towers' updates. `global_step` moves with tower 0's, as
+  the wrapped optimizer moves it on one device (BERT's leaves it alone)."""
+  return tf.group(*applies, name="replicated_update")
 
 
 def _refuse_sync_replicas(optimizer) -> None:

@@ -5,13 +5,14 @@ written inside the model_fn.
 clip_gradients_by_norm=...)`): it clips each optimizer call's combined
 gradients, which cover the global batch, as one device would. A clip inside
 the model_fn acts on one tower's gradient before the towers are combined;
-`warn_if_clipped_by_global_norm` says so once.
+`warn_if_transformed` says so once per model.
 """
 
 from __future__ import annotations
 
-from absl import logging
 import tensorflow as tf
+
+from estimator_multigpu.graph import warn_once
 
 
 def clip_by_global_norm(grads_and_vars: list, clip_norm: float) -> list:
@@ -41,7 +42,6 @@ _RANDOM = ("RandomStandardNormal", "RandomUniform", "RandomUniformInt",
            "StatelessRandom", "StatelessTruncatedNormal",
            "StatelessParameterizedTruncatedNormal", "StatefulStandardNormal",
            "StatefulUniform", "StatefulTruncatedNormal")
-_WARNED: set = set()
 
 
 def find_transformed(grads_and_vars: list, computed: frozenset = frozenset()
@@ -111,7 +111,8 @@ def _reads(factor: tf.Tensor, raw: set) -> bool:
 
 def warn_if_transformed(grads_and_vars: list,
                         computed: frozenset = frozenset()) -> list:
-  """Warns once when a tower's gradients were transformed per tower.
+  """Warns (once per model) when a tower's gradients were transformed per
+  tower.
 
   Returns:
     The names of the variables whose gradients were (also recorded in the
@@ -131,7 +132,8 @@ def warn_if_transformed(grads_and_vars: list,
 
 def warn_if_noisy(grads_and_vars: list,
                   computed: frozenset = frozenset()) -> list:
-  """Warns once when random noise is added to a tower's gradients.
+  """Warns (once per model) when random noise is added to a tower's
+  gradients.
 
   Found from the graph's structure: the elementwise walk back from a
   gradient (see `find_transformed`) reaches a random op. Each tower adds
@@ -155,13 +157,13 @@ def warn_if_noisy(grads_and_vars: list,
 
 def _record_and_warn_once(names: list, collection: str, message: str) -> list:
   """Records `names` in the graph `collection` (for `check_towers`); warns
-  `message` (its %s: the first names) once per process and collection."""
+  `message` (its %s: the first names) once per model and mode
+  (`warn_once`)."""
   for name in names:
     tf.compat.v1.add_to_collection(collection, name)
-  if names and collection not in _WARNED:
-    _WARNED.add(collection)
-    logging.warning(message, ", ".join(names[:3]) +
-                    (" ..." if len(names) > 3 else ""))
+  if names:
+    warn_once.warn(collection, message, ", ".join(names[:3]) +
+                   (" ..." if len(names) > 3 else ""))
   return names
 
 

@@ -120,7 +120,7 @@ def branch_taken(branch: tf.Graph) -> tf.Tensor:
       "called `TowerOptimizer`; the branch's result must be used.")
 
 
-def tie(tower0, applies: list, accumulate: bool) -> list:
+def tie(tower0, applies: list, accumulate: bool, peers: list = ()) -> list:
   """Ties each optimizer call's combined update to what runs it.
 
   Args:
@@ -128,6 +128,9 @@ def tie(tower0, applies: list, accumulate: bool) -> list:
     applies: per optimizer call, the ops applying its combined update.
     accumulate: accumulate_steps > 1: the train_op runs every update (tower
       0's train_op runs for every micro-batch; it cannot wait for one).
+    peers: towers 1..: their no-ops wait for the update too, so a write
+      they order after `minimize` (a constraint on their replicated copies,
+      run with tower 0's by `state_updates`) comes after it.
 
   Returns:
     The update ops the train_op must run itself: every one when
@@ -136,10 +139,12 @@ def tie(tower0, applies: list, accumulate: bool) -> list:
   if accumulate:
     return [op for ops in applies for op in ops]
   extra = []
-  for call, ops in zip(tower0.optimizer_calls, applies):
+  for position, (call, ops) in enumerate(zip(tower0.optimizer_calls,
+                                             applies)):
     ops = [op if isinstance(op, tf.Operation) else op.op for op in ops]
     if call.branch is not None:
       extra += ops
-    else:
-      call.recorded._add_control_inputs(ops)  # pylint: disable=protected-access
+      continue
+    for tower in [tower0] + list(peers):
+      tower.optimizer_calls[position].recorded._add_control_inputs(ops)  # pylint: disable=protected-access
   return extra

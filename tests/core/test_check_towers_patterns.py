@@ -87,13 +87,12 @@ def test_names_state_updated_in_the_train_op():
   assert "moving_mean" in str(report)
 
 
-def test_noise_warning_and_its_standard_deviation(caplog, monkeypatch,
+def test_noise_warning_and_its_standard_deviation(caplog,
                                                   session_config):
   """Two even towers (4 + 4): each tower's N(0, 0.5²) draw is weighted by
   1/2, so the applied noise has std 0.5·√(2·¼) ≈ 0.354 where one device's
   is 0.5. With SGD at rate 1 from w = 0 on a loss with zero gradient
   (labels = x·0), w after one step is minus the noise: 600 draws."""
-  monkeypatch.setattr(clipping, "_WARNED", set())
 
   def zero_grad_fn(features, labels, mode):
     del labels

@@ -52,9 +52,8 @@ def built_names(model_fn, session_config):
 @pytest.mark.parametrize("name", sorted(TRANSFORMS))
 def test_nonlinear_transforms_are_found_and_warned_once(
     name, use_compute_gradients, session_config, monkeypatch):
-  monkeypatch.setattr(clipping, "_WARNED", set())
   warnings = []
-  monkeypatch.setattr(clipping.logging, "warning",
+  monkeypatch.setattr(clipping.warn_once.logging, "warning",
                       lambda msg, *args: warnings.append(msg % args))
   fn = transformed_model_fn(TRANSFORMS[name], use_compute_gradients)
   assert built_names(fn, session_config) == ["lin/bias", "lin/kernel"]

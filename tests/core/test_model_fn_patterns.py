@@ -124,9 +124,8 @@ BATCH_NORMS = {
 def test_batch_norm_without_sync_warns_once(kind, session_config,
                                             monkeypatch):
   from estimator_multigpu.cross_tower import layers  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(layers, "_WARNED", set())
   warnings = []
-  monkeypatch.setattr(layers.logging, "warning",
+  monkeypatch.setattr(layers.warn_once.logging, "warning",
                       lambda msg, *args: warnings.append(msg % args))
 
   def model_fn(features, labels, mode):
