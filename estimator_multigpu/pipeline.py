@@ -24,7 +24,6 @@ from estimator_multigpu.graph import empty_shards
 from estimator_multigpu.graph import global_calls
 from estimator_multigpu.graph import model_savers
 from estimator_multigpu.graph import nan_guard
-from estimator_multigpu.graph import notices
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import precision as precision_lib
 from estimator_multigpu.graph import readouts
@@ -53,15 +52,6 @@ Options = options_lib.Options
 
 def build_spec(model_fn, options: Options, features, labels, mode, params,
                config):
-  """Builds the towers for one graph and merges their specs; its warnings
-  are said once per model_fn and mode (`notices`)."""
-  with notices.scope(model_fn, mode):
-    return _build_spec(model_fn, options, features, labels, mode, params,
-                       config)
-
-
-def _build_spec(model_fn, options: Options, features, labels, mode, params,
-                config):
   """Builds the towers for one graph and merges their specs."""
   if calling.is_serving_graph(features, mode):
     spec = calling.call_model_fn(model_fn, features, labels, mode, params,

@@ -39,8 +39,8 @@ import tensorflow as tf
 
 from estimator_multigpu.cross_tower import losses as cross_tower_losses
 from estimator_multigpu.graph import dataflow
-from estimator_multigpu.graph import notices
 from estimator_multigpu.graph import sharing
+from estimator_multigpu.graph import warn_once
 
 tf1 = tf.compat.v1
 
@@ -213,7 +213,7 @@ class Recorder:
     if kind in (dataflow.MAX, dataflow.MIN):
       reduce = tf.reduce_max if kind == dataflow.MAX else tf.reduce_min
       return reduce(tf.stack(pieces), axis=0)
-    notices.warning(
+    warn_once.warn(
         ("statistic", api, pieces[0].name),
         "%s reads %s, a statistic of tower 0's shard that is not a mean, "
         "sum, max, min or count of its examples (a %s), so `multi_gpu` "

@@ -23,11 +23,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from absl import logging
 import numpy as np
 import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import warn_once
 
 ROWS = "rows"
 _FIX = ("compute it the same way in every tower (not under a condition on "
@@ -86,7 +86,6 @@ class GlobalFetches:
     self._by_type: dict = {}
     self._concats: dict = {}
     self._pairings: dict = {}
-    self._warned: set = set()
 
   def global_tensor(self, tensor: tf.Tensor, what: str) -> Optional[tf.Tensor]:
     """The global batch's tensor in place of tower 0's (graph time), or None
@@ -135,12 +134,9 @@ class GlobalFetches:
     return Pairing(kind, [tensor] + others, weights)
 
   def _warn(self, tensor: tf.Tensor, what: str, kind) -> None:
-    key = (what.split(".")[0], tensor.name)  # the hook's class, the tensor.
-    if key in self._warned:
-      return
-    self._warned.add(key)
     held = ("a per-example tensor" if kind == ROWS else "a statistic")
-    logging.warning(
+    warn_once.warn(
+        ("hook fetch", what.split(".")[0], tensor.name),
         "hook %s fetches %s, %s of tower 0's shard that `multi_gpu` cannot "
         "pair with every tower (or combine over them): the hook sees tower "
         "0's shard only, not the global batch. Fix: %s.", what, tensor.name,

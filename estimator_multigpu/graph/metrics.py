@@ -38,7 +38,7 @@ from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
-from estimator_multigpu.graph import notices
+from estimator_multigpu.graph import warn_once
 
 tf1 = tf.compat.v1
 
@@ -164,7 +164,7 @@ def merge_eval_metric_ops(towers: list, shares: Optional[list] = None,
 
 def _warn_inferred(name: str, update: MetricUpdate) -> None:
   state = sorted(op.name for op in update.state)[:3]
-  notices.warning(
+  warn_once.warn(
       ("inferred metric", name),
       "eval metric %r updates its own state (%s) outside the metric APIs "
       "multi_gpu builds once from the global batch, so how its towers' "
@@ -228,7 +228,7 @@ def _coupling(update: MetricUpdate, analysis) -> Optional[dataflow.Coupling]:
 
 
 def _warn(name: str, problem: str, fix: str) -> None:
-  notices.warning(("metric", name, problem),
+  warn_once.warn(("metric", name, problem),
                   "eval metric %r is not one device's over the towers: %s. "
                   "Fix: %s.", name, problem, fix)
 

@@ -26,14 +26,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Optional
 
-from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
-from estimator_multigpu.graph import notices
 from estimator_multigpu.graph import hook_fetches
 from estimator_multigpu.graph import hook_rewrites
 from estimator_multigpu.graph import state_updates
+from estimator_multigpu.graph import warn_once
 
 tf1 = tf.compat.v1
 
@@ -118,8 +117,8 @@ class Readouts:
                          for i in range(1, len(self._towers))]
     weights = self._weights(tensor)
     if weights is None or any(p is None for p in pieces):
-      logging.warning(
-          "%s reads %s, a statistic of tower 0's shard that `multi_gpu` "
+      warn_once.warn(
+          ("statistic", what, tensor.name), "%s reads %s, a statistic of tower 0's shard that `multi_gpu` "
           "cannot combine over the towers (not a mean or a sum over the "
           "examples): it shows tower 0's shard. Compute it over the global "
           "batch with emg.cross_tower_sum / emg.global_ratio.", what,
@@ -173,7 +172,7 @@ def combine_summaries(readouts: Readouts, tower0,
     tag = tag.decode() if isinstance(tag, bytes) else tag
     value = readouts.combined(op.inputs[1], f"summary {tag!r}")
     if value is not None:
-      notices.warning(("inferred summary", tag),
+      warn_once.warn(("inferred summary", tag),
                       "summary %r was not made through tf.summary / "
                       "tf.compat.v1.summary, so its value over the towers is "
                       "inferred from its ops (%s); make it with "
@@ -235,8 +234,8 @@ def warn_coupled_predictions(predictions, analysis: dataflow.ShardAnalysis
     coupling = next((c for c in analysis.couplings if c.op in ancestors), None)
     if coupling is not None:
       warned.append(key)
-      logging.warning(
-          "prediction %r couples the examples of the batch (%s): each tower "
+      warn_once.warn(
+          ("prediction", key), "prediction %r couples the examples of the batch (%s): each tower "
           "computes it over its own shard, so it is not one device's. Fix: "
           "%s.", key, coupling.describe(), PREDICTION_FIX)
   return warned
