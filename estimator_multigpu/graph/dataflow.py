@@ -266,9 +266,10 @@ def statistic_kind(tensor: tf.Tensor, analysis: ShardAnalysis,
     return MEAN
   op, status = tensor.op, analysis.status
   if op.type in _KIND_OF_REDUCTION and status(op.inputs[0]) == ROWS:
-    return _KIND_OF_REDUCTION[op.type]
+    return (_KIND_OF_REDUCTION[op.type]
+            if whole_shard(op.inputs[0], analysis) else None)
   statistics = [t for t in op.inputs if status(t) == STATISTIC or
-                is_count(t, analysis)]
+                is_count(t, analysis) or _integer_reduction(t, analysis)]
   kinds = [statistic_kind(t, analysis, known) for t in statistics]
   if op.type in _PASS_THROUGH and statistics:
     return {MAX: MIN, MIN: MAX}.get(kinds[0], kinds[0]) if (
@@ -281,6 +282,54 @@ def statistic_kind(tensor: tf.Tensor, analysis: ShardAnalysis,
       op.type == "Mul" or statistics[0] is op.inputs[0]):
     return kinds[0] if kinds[0] in (MEAN, SUM) else None
   return None
+
+
+# Ops that keep some of the rows of a per-example tensor (boolean_mask,
+# gather, top_k of a vector of scores, unique): a reduction after them is
+# not over the shard's examples.
+_ROW_SELECTORS = frozenset({"Where", "Unique", "UniqueV2",
+                            "DynamicPartition", "ListDiff", "SetDiff1d"})
+
+
+def whole_shard(tensor: tf.Tensor, analysis: ShardAnalysis) -> bool:
+  """Whether per-example `tensor` holds every example of the shard, each
+  from its own values: no row of it selected (boolean_mask, gather, a slice
+  or stride along the batch axis, top_k over it) and none coupled with a
+  statistic of the shard (a variance's centered values)."""
+  ancestors = data_ancestors([tensor])
+  if any(c.op in ancestors for c in analysis.couplings):
+    return False
+  return not any(_selects_rows(op) for op in ancestors
+                 if any(analysis.status(t) == ROWS for t in op.inputs))
+
+
+def _selects_rows(op: tf.Operation) -> bool:
+  if op.type in _ROW_SELECTORS:
+    return True
+  if op.type in ("GatherV2", "Gather", "GatherNd", "ResourceGather"):
+    axis = (tf.get_static_value(op.inputs[2]) if op.type == "GatherV2"
+            else 0)
+    return axis is None or int(axis) == 0
+  if op.type == "TopKV2":
+    return op.inputs[0].shape.rank in (None, 1)
+  if op.type == "StridedSlice":
+    return not _keeps_first_axis(op)
+  if op.type == "Slice":
+    begin, size = (tf.get_static_value(t) for t in op.inputs[1:3])
+    return begin is None or size is None or begin[0] != 0 or size[0] != -1
+  return False
+
+
+def _keeps_first_axis(op: tf.Operation) -> bool:
+  """A strided slice that keeps axis 0 whole (`x[:, 0]`, `x[..., :2]`)."""
+  if op.get_attr("ellipsis_mask") & 1:
+    return True
+  begin, end, strides = (tf.get_static_value(t) for t in op.inputs[1:4])
+  if begin is None or strides is None or op.get_attr("shrink_axis_mask") & 1:
+    return False
+  whole_start = op.get_attr("begin_mask") & 1 or begin[0] == 0
+  return bool(whole_start and op.get_attr("end_mask") & 1 and
+              strides[0] == 1)
 
 
 def _mean_of_static_rows(tensor: tf.Tensor, analysis: ShardAnalysis) -> bool:
@@ -329,6 +378,16 @@ def _sum_kind(kinds: list, constants: bool) -> Optional[str]:
   if kind in (MAX, MIN) or (kind == SUM and constants):
     return None
   return kind
+
+
+def _integer_reduction(tensor: tf.Tensor, analysis: ShardAnalysis) -> bool:
+  """An integer or boolean reduction over the shard's examples
+  (`count_nonzero`, `reduce_any`): a statistic `ShardAnalysis` files as
+  NONE (it is no float)."""
+  op = strip_pass_through(tensor).op
+  return (op.type in _KIND_OF_REDUCTION and
+          not op.outputs[0].dtype.is_floating and
+          analysis.status(op.inputs[0]) == ROWS)
 
 
 def is_count(tensor: tf.Tensor, analysis: ShardAnalysis) -> bool:

@@ -104,7 +104,8 @@ class Recorder:
     with self._recording():
       _run_nested(fn, args, kwargs)
       # Keras adds the graph's newest op as the metric's update: tower 0's.
-      return tf.group(first.result, name="global_batch_update")
+      return tf.group(*[r for r in [first.result] if r is not None],
+                      name="global_batch_update")
 
   @contextlib.contextmanager
   def _recording(self):
@@ -124,7 +125,7 @@ class Recorder:
   def _build_once(self, api, fn, args, kwargs, flat, build_in_peers) -> Any:
     stubs, fed = {}, list(flat)
     for position, leaf in enumerate(flat):
-      kind = self._kind(leaf)
+      kind = self._kind(leaf, api)
       if kind is not None:
         fed[position] = _stub(leaf, kind == dataflow.ROWS)
         stubs[position] = (fed[position], kind)
@@ -138,8 +139,9 @@ class Recorder:
     self._calls.append(Call(api, stubs, result))
     return result
 
-  def _kind(self, leaf) -> Optional[str]:
-    """ROWS, STATISTIC, or None for an argument the shard does not make."""
+  def _kind(self, leaf, api: str = "") -> Optional[str]:
+    """ROWS, STATISTIC, or None for an argument the shard does not make
+    (or one `multi_gpu` cannot join: warned)."""
     tensors = _components(leaf)
     if not tensors:
       return None
@@ -147,26 +149,55 @@ class Recorder:
       return dataflow.ROWS if any(
           self._analysis.status(t) == dataflow.ROWS for t in tensors) else None
     status = self._analysis.status(leaf)
+    if status == dataflow.GLOBAL:
+      return None
     if status != dataflow.ROWS and self._batch_shaped(leaf):
       # A batch-level value tiled to the shard, weights of ones shaped
       # like it: one row per example all the same.
       return dataflow.ROWS
-    if status in (dataflow.ROWS, dataflow.STATISTIC):
-      return status
-    return (dataflow.STATISTIC if dataflow.is_count(leaf, self._analysis)
-            else None)
+    if status == dataflow.ROWS:
+      return dataflow.ROWS if self._joinable(leaf, api) else None
+    if status == dataflow.STATISTIC or self._from_shard(leaf):
+      return dataflow.STATISTIC  # counts and other integers too.
+    return None
+
+  def _joinable(self, leaf: tf.Tensor, api: str) -> bool:
+    """Per-example values the towers can join along axis 0; warns about
+    values computed from a statistic of the shard (joined all the same)."""
+    shape, size = leaf.shape, self._analysis.size
+    if (shape.rank or 0) >= 2 and shape[0] is not None and shape[0] != size:
+      warn_once.warn(
+          ("not batch-major", api, leaf.name),
+          "%s reads %s, per-example values whose first axis (%s) is not the "
+          "batch's (shape %s): `multi_gpu` joins the towers' values along "
+          "axis 0, so it shows tower 0's shard. Fix: put the batch axis "
+          "first (tf.transpose) before the call.", api, leaf.name, shape[0],
+          shape)
+      return False
+    if not dataflow.whole_shard(leaf, self._analysis):
+      warn_once.warn(
+          ("coupled input", api, leaf.name),
+          "%s reads %s, per-example values computed from a statistic of the "
+          "shard or from some of its rows (each tower computes that over its "
+          "own shard), so its result is not one device's. Fix: compute the "
+          "statistic over the global batch with emg.cross_tower_sum / "
+          "emg.cross_tower_concat.", api, leaf.name)
+    return True
+
+  def _from_shard(self, tensor: tf.Tensor) -> bool:
+    return any(self._analysis.status(t) == dataflow.ROWS
+               for op in dataflow.data_ancestors([tensor]) for t in op.outputs)
 
   def _batch_shaped(self, tensor: tf.Tensor) -> bool:
     """Whether `tensor`'s first dimension is the shard's: its static size
     when above 1, or unknown until the graph runs in a tensor made from the
     shard (through its shape, say)."""
     shape, size = tensor.shape, self._analysis.size
-    if not shape.rank or self._analysis.status(tensor) == dataflow.GLOBAL:
+    if not shape.rank:
       return False
     if shape[0] is not None:
       return size is not None and size > 1 and shape[0] == size
-    return any(self._analysis.status(t) == dataflow.ROWS
-               for op in dataflow.data_ancestors([tensor]) for t in op.outputs)
+    return self._from_shard(tensor)
 
   def _first_call(self, api: str, position: int, index: int) -> Call:
     if position >= len(self._calls) or self._calls[position].api != api:
