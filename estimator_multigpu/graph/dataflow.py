@@ -57,6 +57,19 @@ def data_ancestors(roots: Iterable[tf.Tensor],
   return seen
 
 
+def ancestors(ops: Iterable[tf.Operation]) -> set:
+  """The ops `ops` depend on (themselves included), along data and control
+  edges."""
+  seen, stack = set(), list(ops)
+  while stack:
+    op = stack.pop()
+    if op not in seen:
+      seen.add(op)
+      stack.extend(t.op for t in op.inputs)
+      stack.extend(op.control_inputs)
+  return seen
+
+
 @dataclasses.dataclass
 class Coupling:
   """An op that makes per-example values out of a shard statistic."""

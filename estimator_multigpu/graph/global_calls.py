@@ -49,10 +49,19 @@ _STATE = threading.local()
 
 @dataclasses.dataclass
 class Call:
-  """One wrapped API call in tower 0: its stubs and its result."""
+  """One wrapped API call in tower 0: its stubs, result and what to say."""
   api: str
   stubs: dict  # argument position -> (stub tensors, kind).
   result: Any
+  ops: set = dataclasses.field(default_factory=set)  # the ops it built.
+  problems: list = dataclasses.field(default_factory=list)  # (key, text).
+  tag: Optional[str] = None  # a summary's name.
+
+  def warn(self, names: str) -> None:
+    """Says each problem once per model, naming the readout."""
+    for key, text in self.problems:
+      warn_once.warn((key, names, self.api), "%s (%s) %s", names, self.api,
+                     text)
 
 
 class Recorder:
@@ -123,9 +132,11 @@ class Recorder:
       return self._build_once(api, fn, args, kwargs, flat, build_in_peers)
 
   def _build_once(self, api, fn, args, kwargs, flat, build_in_peers) -> Any:
-    stubs, fed = {}, list(flat)
+    stubs, fed, problems = {}, list(flat), []
+    graph = tf1.get_default_graph()
+    start = len(graph.get_operations())
     for position, leaf in enumerate(flat):
-      kind = self._kind(leaf, api)
+      kind = self._kind(leaf, problems)
       if kind is not None:
         fed[position] = _stub(leaf, kind == dataflow.ROWS)
         stubs[position] = (fed[position], kind)
@@ -136,10 +147,12 @@ class Recorder:
       if not build_in_peers:
         stack.enter_context(sharing.built_once())
       result = _run_nested(fn, args, kwargs)
-    self._calls.append(Call(api, stubs, result))
+    self._calls.append(Call(api, stubs, result,
+                            set(graph.get_operations()[start:]), problems,
+                            _tag(api, args, kwargs)))
     return result
 
-  def _kind(self, leaf, api: str = "") -> Optional[str]:
+  def _kind(self, leaf, problems: list) -> Optional[str]:
     """ROWS, STATISTIC, or None for an argument the shard does not make
     (or one `multi_gpu` cannot join: warned)."""
     tensors = _components(leaf)
@@ -156,32 +169,33 @@ class Recorder:
       # like it: one row per example all the same.
       return dataflow.ROWS
     if status == dataflow.ROWS:
-      return dataflow.ROWS if self._joinable(leaf, api) else None
+      return dataflow.ROWS if self._joinable(leaf, problems) else None
     if status == dataflow.STATISTIC or self._from_shard(leaf):
       return dataflow.STATISTIC  # counts and other integers too.
     return None
 
-  def _joinable(self, leaf: tf.Tensor, api: str) -> bool:
-    """Per-example values the towers can join along axis 0; warns about
-    values computed from a statistic of the shard (joined all the same)."""
+  def _joinable(self, leaf: tf.Tensor, problems: list) -> bool:
+    """Per-example values the towers can join along axis 0; a problem
+    about values computed from a statistic of the shard (joined all the
+    same)."""
     shape, size = leaf.shape, self._analysis.size
     if (shape.rank or 0) >= 2 and shape[0] is not None and shape[0] != size:
-      warn_once.warn(
-          ("not batch-major", api, leaf.name),
-          "%s reads %s, per-example values whose first axis (%s) is not the "
-          "batch's (shape %s): `multi_gpu` joins the towers' values along "
-          "axis 0, so it shows tower 0's shard. Fix: put the batch axis "
-          "first (tf.transpose) before the call.", api, leaf.name, shape[0],
-          shape)
+      problems.append((
+          "not batch-major",
+          f"reads {leaf.name}, per-example values whose first axis "
+          f"({shape[0]}) is not the batch's (shape {shape}): `multi_gpu` "
+          "joins the towers' values along axis 0, so it shows tower 0's "
+          "shard. Fix: put the batch axis first (tf.transpose) before the "
+          "call."))
       return False
     if not dataflow.whole_shard(leaf, self._analysis):
-      warn_once.warn(
-          ("coupled input", api, leaf.name),
-          "%s reads %s, per-example values computed from a statistic of the "
-          "shard or from some of its rows (each tower computes that over its "
-          "own shard), so its result is not one device's. Fix: compute the "
+      problems.append((
+          "coupled input",
+          f"reads {leaf.name}, per-example values computed from a statistic "
+          "of the shard or from some of its rows (each tower computes that "
+          "over its own shard), so it is not one device's. Fix: compute the "
           "statistic over the global batch with emg.cross_tower_sum / "
-          "emg.cross_tower_concat.", api, leaf.name)
+          "emg.cross_tower_concat."))
     return True
 
   def _from_shard(self, tensor: tf.Tensor) -> bool:
@@ -220,11 +234,13 @@ class Recorder:
                   for t in towers]
         with tf.device(_device(stub)), tf.name_scope("global_batch"):
           value = (_concat(pieces) if kind == dataflow.ROWS else
-                   self._combine(call.api, pieces, towers, shares, losses))
+                   self._combine(call, pieces, towers, shares, losses))
         if value is not None:
           _feed(stub, value)
+      if call.problems:
+        call.warn(_names(call, towers[0].spec))
 
-  def _combine(self, api, pieces, towers, shares, losses) -> Optional[Any]:
+  def _combine(self, call, pieces, towers, shares, losses) -> Optional[Any]:
     """The global batch's value of a statistic of the shards, or None."""
     first = dataflow.strip_pass_through(pieces[0])
     if any(first is dataflow.strip_pass_through(t) for t in losses):
@@ -244,15 +260,37 @@ class Recorder:
     if kind in (dataflow.MAX, dataflow.MIN):
       reduce = tf.reduce_max if kind == dataflow.MAX else tf.reduce_min
       return reduce(tf.stack(pieces), axis=0)
-    warn_once.warn(
-        ("statistic", api, pieces[0].name),
-        "%s reads %s, a statistic of tower 0's shard that is not a mean, "
-        "sum, max, min or count of its examples (a %s), so `multi_gpu` "
-        "cannot combine it over the towers: it shows tower 0's shard. Fix: "
-        "pass per-example values (the API then sees the global batch), or "
-        "compute it over the global batch with emg.cross_tower_sum / "
-        "emg.global_ratio.", api, pieces[0].name, pieces[0].op.type)
+    call.problems.append((
+        "statistic",
+        f"reads {pieces[0].name}, a statistic of tower 0's shard that is not "
+        "a mean, sum, max, min or count of its examples (a "
+        f"{pieces[0].op.type}), so `multi_gpu` cannot combine it over the "
+        "towers: it shows tower 0's shard. Fix: pass per-example values (the "
+        "API then sees the global batch), or compute the statistic over the "
+        "global batch with emg.cross_tower_sum / emg.global_ratio."))
     return None
+
+
+def _names(call: Call, spec) -> str:
+  """What the user calls the readout `call` made: its eval metric keys, or
+  its summary tag."""
+  metrics = getattr(spec, "eval_metric_ops", None) or {}
+  keys = [key for key, (value, update) in metrics.items()
+          if call.ops & _ancestors([value, update])]
+  if keys:
+    return "eval metric " + ", ".join(repr(k) for k in keys)
+  return f"summary {call.tag!r}" if call.tag else "a readout"
+
+
+def _tag(api: str, args: tuple, kwargs: dict) -> Optional[str]:
+  if "summary" not in api:
+    return None
+  name = args[0] if args else kwargs.get("name")
+  return name if isinstance(name, str) else None
+
+
+def _ancestors(roots: list) -> set:
+  return dataflow.ancestors([getattr(r, "op", r) for r in roots])
 
 
 def current() -> Optional[tuple]:

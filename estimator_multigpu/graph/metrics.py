@@ -66,7 +66,7 @@ class MetricUpdate:
 
   def __init__(self, update, built: frozenset = frozenset()):
     self.op = update if isinstance(update, tf.Operation) else update.op
-    ancestors = _all_ancestors([self.op])
+    ancestors = dataflow.ancestors([self.op])
     self.assigns = [op for op in ancestors if op.type in _ASSIGNS and
                     op.inputs[0].op.type in _STATE_OPS and op not in built]
     self.state = {op.inputs[0].op for op in self.assigns}
@@ -97,18 +97,6 @@ class MetricUpdate:
         weighted = tf.math.multiply_no_nan(delta, tf.cast(share, delta.dtype))
       assign._update_input(1, weighted)  # pylint: disable=protected-access
     return True
-
-
-def _all_ancestors(roots: list) -> set:
-  """Ops the roots depend on, along data and control edges."""
-  seen, stack = set(), list(roots)
-  while stack:
-    op = stack.pop()
-    if op not in seen:
-      seen.add(op)
-      stack.extend(t.op for t in op.inputs)
-      stack.extend(op.control_inputs)
-  return seen
 
 
 def _summed(delta: tf.Tensor) -> tf.Tensor:

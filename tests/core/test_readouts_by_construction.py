@@ -405,3 +405,44 @@ def test_ratios_of_sums_are_the_global_batchs(num_towers):
   got = evaluate(ratio_model_fn, num_towers)
   for key, value in want.items():
     np.testing.assert_allclose(got[key], value, rtol=1e-5, err_msg=key)
+
+
+# ------------------------------------------------ what is warned, by name
+def statistics_model_fn(features, labels, mode):
+  """Shard statistics of every kind fed to metrics and summaries."""
+  logits = _logits(features)
+  per = tf1.losses.sparse_softmax_cross_entropy(
+      labels, logits, reduction=tf1.losses.Reduction.NONE)
+  hits = tf.equal(tf.argmax(logits, 1), labels)
+  tf1.summary.scalar("per_variance", tf.math.reduce_variance(per))
+  loss = tf.reduce_mean(per)
+  opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
+  train_op = opt.minimize(loss, tf1.train.get_or_create_global_step())
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
+                                    eval_metric_ops={
+      "hits": tf1.metrics.mean(tf.math.count_nonzero(hits, dtype=tf.int32)),
+      "any_hit": tf1.metrics.mean(tf.cast(tf.reduce_any(hits), tf.float32)),
+      "variance": tf1.metrics.mean(tf.math.reduce_variance(per)),
+      "masked": tf1.metrics.mean(tf.reduce_mean(tf.boolean_mask(per, hits))),
+      "first_two": tf1.metrics.mean(tf.reduce_mean(per[:2])),
+      "centered": tf1.metrics.mean(per - tf.reduce_mean(per)),
+      "time_major": tf1.metrics.mean(tf.transpose(tf.stack([per] * 4, 1))),
+  })
+
+
+def test_statistics_are_combined_or_warned_by_name(caplog):
+  want = evaluate(statistics_model_fn, None)
+  got = evaluate(statistics_model_fn, 3)
+  hits = [np.sum(PRED[r] == C[r]) for r in BATCHES]
+  np.testing.assert_allclose(want["hits"][0], np.mean(hits))
+  np.testing.assert_allclose(got["hits"][0], np.mean(hits))  # a count: exact.
+  for key in ("any_hit", "variance", "masked", "first_two", "centered",
+              "time_major"):
+    assert f"eval metric {key!r}" in caplog.text, key
+  assert "'hits'" not in caplog.text
+  with tf.Graph().as_default():
+    emg.multi_gpu(statistics_model_fn, devices=harness.cpu_devices(2))(
+        {"x": tf.constant(X[:5]), "wt": tf.constant(WT[:5])},
+        tf.constant(C[:5]), TRAIN, {},
+        harness.config_for(emg.make_session_config(num_cpus=4)))
+  assert "summary 'per_variance'" in caplog.text
