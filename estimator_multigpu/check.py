@@ -113,7 +113,7 @@ def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
                  devices: plan_lib.DevicesOption, steps: int = 1,
                  params: Optional[dict] = None, *, tolerance: float = 1e-5,
                  modes: tuple = ("eval", "predict"),
-                 **multi_gpu_options) -> TowerCheck:
+                 **multi_gpu_options: Any) -> TowerCheck:
   """Trains `model_fn` unwrapped and on `devices`; compares the variables
   and what the user reads (summaries, hooks' scalars, `modes`' outputs).
 

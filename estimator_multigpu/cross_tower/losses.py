@@ -58,7 +58,7 @@ def cross_tower_sum(x, name: Optional[str] = None) -> tf.Tensor:
                                       context.device, context.loss_weight)
 
 
-def global_ratio(numerator, denominator,
+def global_ratio(numerator: tf.Tensor, denominator: tf.Tensor,
                  name: Optional[str] = None) -> tf.Tensor:
   """This tower's share of Σnumerator / Σdenominator over the towers.
 
