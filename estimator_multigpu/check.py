@@ -47,7 +47,7 @@ _COUPLED = (
     "(in-batch negatives, contrastive losses, a global top-k), so each "
     "tower computes it on its shard alone",
     "divide with emg.global_ratio(numerator, count) instead of '/', and "
-    "gather what examples share with emg.cross_tower_concat (README: "
+    "gather what examples share with emg.cross_tower_concat (docs/losses.md: "
     "'Losses over the global batch')")
 _GRADIENTS = (
     "the first-step loss agrees but the updates differ: the gradients are "

@@ -111,7 +111,7 @@ def start_cluster(tasks: list, script: str, script_args: list, num_ps: int,
   logging.warning(
       "Ports %s: TensorFlow's servers listen on every interface, not only "
       "localhost, and run any graph sent to them; keep this machine's ports "
-      "firewalled (README: Who can reach the job).",
+      "firewalled (docs/clusters.md: Who can reach the job).",
       ",".join(str(port) for port in ports))
   token = {TOKEN_VARIABLE: secrets.token_hex(8)}  # tells this job apart.
   ps_hosts, worker_hosts = hosts[:num_ps], hosts[num_ps:]
