@@ -1,4 +1,4 @@
-"""The fenced code blocks of README.md and docs/*.md, and what tests do with each.
+"""The fenced code blocks of README.md and docs/*.md; what the tests do.
 
 A block's info string says it: ```python, ```bash and ```sh blocks run
 verbatim (`test_docs_blocks.py`); a title naming what the block needs that
@@ -103,7 +103,8 @@ def run_blocks(listed: List[dict]) -> None:
     block = Block(**fields)
     print(f"--- {block.where} ({block.language})", flush=True)
     if block.language == "python":
-      exec(compile(block.text, block.where, "exec"), namespace)  # pylint: disable=exec-used
+      code = compile(block.text, block.where, "exec")
+      exec(code, namespace)  # pylint: disable=exec-used
       continue
     result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.text],
                             check=False)

@@ -3,8 +3,8 @@
 Each block is parsed; the CPU blocks (python, bash, sh without a GPU,
 Cluster or Install title; `doc_blocks.py`) also run verbatim, page by page,
 in a fresh folder holding links to the checkout's files, `photos/` and
-`cars/` (folders of small PNGs, one subfolder per class), with `python` this interpreter. Links between the
-README and the pages must resolve.
+`cars/` (folders of small PNGs, one subfolder per class), with `python`
+this interpreter. Links between the README and the pages must resolve.
 """
 
 import dataclasses
@@ -84,10 +84,12 @@ def working_folder(work) -> dict:
   for k, name in enumerate(FOLDERS):
     (work / name).mkdir(parents=True)
     for i in range(10):
-      pixels = bytes((37 * k + 11 * i + 7 * j) % 256 for j in range(40 * 40 * 3))
+      pixels = bytes((37 * k + 11 * i + 7 * j) % 256
+                     for j in range(40 * 40 * 3))
       (work / name / f"{i}.png").write_bytes(png(pixels, 40, 40))
   (work / "bin").mkdir()
-  (work / "bin" / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+  (work / "bin" / "python").write_text(
+      f'#!/bin/sh\nexec {sys.executable} "$@"\n')
   (work / "bin" / "python").chmod(0o755)
   return {**os.environ, "PATH": f"{work}/bin:{os.environ['PATH']}",
           "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
