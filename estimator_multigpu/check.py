@@ -47,7 +47,7 @@ _COUPLED = (
     "(in-batch negatives, contrastive losses, a global top-k), so each "
     "tower computes it on its shard alone",
     "divide with emg.global_ratio(numerator, count) instead of '/', and "
-    "gather what examples share with emg.cross_tower_concat (README: "
+    "gather what examples share with emg.cross_tower_concat (docs/losses.md: "
     "'Losses over the global batch')")
 _GRADIENTS = (
     "the first-step loss agrees but the updates differ: the gradients are "
@@ -113,7 +113,7 @@ def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
                  devices: plan_lib.DevicesOption, steps: int = 1,
                  params: Optional[dict] = None, *, tolerance: float = 1e-5,
                  modes: tuple = ("eval", "predict"),
-                 **multi_gpu_options) -> TowerCheck:
+                 **multi_gpu_options: Any) -> TowerCheck:
   """Trains `model_fn` unwrapped and on `devices`; compares the variables
   and what the user reads (summaries, hooks' scalars, `modes`' outputs).
 

@@ -40,7 +40,7 @@ CAUSES = {
     "predict": ("a prediction differs: it is computed over the batch (a "
                 "softmax over axis 0, batch-normalized scores)",
                 "compute it with emg.cross_tower_sum / emg.cross_tower_concat "
-                "(README: 'What the user reads')"),
+                "(docs/losses.md: 'What the user reads')"),
     "summary": ("a summary or hooked scalar differs: a statistic of the "
                 "shard that is not a mean or a sum over its examples (a max, "
                 "a ratio)", "compute it over the global batch with "

@@ -9,7 +9,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def readme_commands():
   text = (ROOT / "README.md").read_text()
-  block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+  block = re.search(r"```bash[^\n]*\n(.*?)```", text, re.S).group(1)
   return [line for line in block.splitlines()
           if line and not line.startswith("#")]
 
@@ -24,7 +24,7 @@ def test_readme_starts_with_the_main_job_and_the_tests():
 def newest_line_command():
   """The Tests section's command for the newest TensorFlow line."""
   text = (ROOT / "README.md").read_text().split("\n## Tests\n")[1]
-  block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+  block = re.search(r"```bash[^\n]*\n(.*?)```", text, re.S).group(1)
   return [line for line in block.splitlines() if ".venv-newest" in line][0]
 
 

@@ -7,7 +7,7 @@
 - `use_table`: when each flag is used; a flag a run would ignore is an
   error.
 - `slim_names`: tf-slim's flag names and this project's equivalents (the
-  README's table), and the former names of renamed flags.
+  table of docs/tf_slim.md), and the former names of renamed flags.
 - `unknown`: every unknown flag of a command line, reported at once.
 - `grouped_help`: `--help` by purpose.
 - `advice`: what the run's settings imply before its first step (batch

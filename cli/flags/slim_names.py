@@ -1,8 +1,8 @@
 """tf-slim's flag names and this project's equivalents: one table, as data.
 
-`TABLE` is the README's "Coming from tf-slim" table, row by row (tf-slim's
-cell, this project's cell; markdown), and `markdown_table()` writes it (a
-test checks the README holds exactly that). Every `--name` of tf-slim's
+`TABLE` is the table of docs/tf_slim.md ("Coming from tf-slim"), row by
+row (tf-slim's cell, this project's cell; markdown), and `markdown_table()`
+writes it (a test checks the page holds exactly that). Every `--name` of tf-slim's
 cells that no script here defines is refused with its row's equivalent
 (`equivalent("train_dir")`: "`--model_dir` (both)"), never with absl's
 "Did you mean" of an unrelated flag (`--num_clones` is not
@@ -56,7 +56,7 @@ _FLAG = re.compile(r"`--(\w+)`")
 
 
 def markdown_table() -> str:
-  """The README's table: a header and one line per row of TABLE."""
+  """The docs' table: a header and one line per row of TABLE."""
   lines = ["| tf-slim | here |", "|---|---|"]
   lines += [f"| {slim} | {here} |" for slim, here in TABLE]
   return "\n".join(lines) + "\n"

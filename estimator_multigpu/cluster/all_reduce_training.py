@@ -42,7 +42,9 @@ def train_and_evaluate(estimator: tf.estimator.Estimator,
   """Trains (and evaluates) like `tf.estimator.train_and_evaluate`.
 
   Args:
-    estimator, train_spec, eval_spec: as for TensorFlow's.
+    estimator: as for TensorFlow's `train_and_evaluate`.
+    train_spec: as for TensorFlow's.
+    eval_spec: as for TensorFlow's.
     peer_timeout_secs: in an all-reduce cluster, how long another training
       task may not answer, or make no progress, before this one ends with
       status 1.

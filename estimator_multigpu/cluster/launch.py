@@ -85,7 +85,7 @@ def exposure_line(ports: list) -> str:
           "names) without authentication and run any graph sent to them. To "
           "close them: sudo iptables -I INPUT -p tcp -m multiport --dports "
           f"{listed} ! -i lo -j DROP, or run the job in a container without "
-          "a network (docker run --network none); README: Who can reach the "
+          "a network (docker run --network none); docs/clusters.md: Who can reach the "
           "job.")
 
 

@@ -58,7 +58,7 @@ def cross_tower_sum(x, name: Optional[str] = None) -> tf.Tensor:
                                       context.device, context.loss_weight)
 
 
-def global_ratio(numerator, denominator,
+def global_ratio(numerator: tf.Tensor, denominator: tf.Tensor,
                  name: Optional[str] = None) -> tf.Tensor:
   """This tower's share of Σnumerator / Σdenominator over the towers.
 
@@ -113,7 +113,7 @@ def cross_tower_concat(x, name: Optional[str] = None) -> tf.Tensor:
   Shards may differ in size (or be empty); the other axes must agree. The
   gradient of each row reaches the tower that holds it. For in-batch
   negatives, gather both sides and compute the loss of the whole global
-  batch in every tower (see the README's recipe).
+  batch in every tower (docs/losses.md has the recipe).
   """
   with tf.name_scope(name or "cross_tower_concat"):
     x = tf.convert_to_tensor(x)

@@ -23,7 +23,7 @@ moments of `x`, which are the whole batch's.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -66,7 +66,8 @@ def tower_context(tower_index: int, group: collectives.Group,
 def cross_tower_moments(x: tf.Tensor, axes: Sequence[int],
                         keepdims: bool = False,
                         frequency_weights: Optional[tf.Tensor] = None,
-                        name: Optional[str] = None):
+                        name: Optional[str] = None
+                        ) -> Tuple[tf.Tensor, tf.Tensor]:
   """Mean and (biased) variance of `x` over `axes` and the global batch.
 
   A drop-in for `tf.nn.moments` (or `tf.nn.weighted_moments` with

@@ -213,7 +213,7 @@ PREDICTION_FIX = (
     "compute the batch statistic over the global batch with the cross-tower "
     "tools, e.g. a softmax over the batch: m = tf.reduce_max(emg."
     "cross_tower_concat(x)); z = tf.exp(x - m); p = z / emg.cross_tower_sum("
-    "tf.reduce_sum(z)) (README: 'What the user reads')")
+    "tf.reduce_sum(z)) (docs/losses.md: 'What the user reads')")
 
 
 def warn_coupled_predictions(predictions, analysis: dataflow.ShardAnalysis

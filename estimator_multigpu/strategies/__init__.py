@@ -37,6 +37,8 @@ STRATEGIES = {cls.name: cls for cls in (shared.SharedVariables,
 AUTO = "auto"
 VARIABLE_UPDATES = (AUTO,) + tuple(dict.fromkeys(
     cls.variable_update for cls in STRATEGIES.values()))
+"""The values `multi_gpu(variable_update=...)` accepts: `"auto"` (the
+default), then each strategy's (`"shared"`, `"replicated"`)."""
 SYNCHRONIZATIONS = tuple(dict.fromkeys(
     cls.synchronization for cls in STRATEGIES.values()))
 

@@ -24,9 +24,9 @@ pytestmark = pytest.mark.usefixtures("parsed_flags")
 SLIM_ONLY = sorted(set(slim_names.slim_flags()) - unknown.OWN_FLAGS)
 
 
-def test_the_readme_table_is_the_data():
-  with open(os.path.join(ROOT, "README.md")) as readme:
-    assert slim_names.markdown_table() in readme.read()
+def test_the_docs_table_is_the_data():
+  with open(os.path.join(ROOT, "docs", "tf_slim.md")) as page:
+    assert slim_names.markdown_table() in page.read()
 
 
 def test_the_table_names_slims_flags_that_are_not_ours():
