@@ -108,6 +108,15 @@ INTERNALS = {
     "keras_batch_norm": Internal(
         "{keras}.src.layers.normalization.batch_normalization",
         ("BatchNormalizationBase",), "synchronized batch norm (Keras layers)"),
+    "metrics_impl": Internal(
+        _TF + "ops.metrics_impl", ("mean", "accuracy", "mean_iou"),
+        "tf.compat.v1.metrics built once from the global batch"),
+    "metrics_ops": Internal(
+        _TF + "ops.metrics", ("mean", "accuracy"),
+        "tf.compat.v1.metrics built once from the global batch (tf-slim)"),
+    "summary_v1": Internal(
+        _TF + "summary.summary", ("scalar", "histogram"),
+        "summaries built once from the global batch"),
     "keras_metrics_utils": Internal(
         "{keras}.src.utils.metrics_utils", ("update_state_wrapper",),
         "Keras metrics built once from the global batch"),

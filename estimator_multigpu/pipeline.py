@@ -26,6 +26,7 @@ from estimator_multigpu.graph import model_savers
 from estimator_multigpu.graph import nan_guard
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import precision as precision_lib
+from estimator_multigpu.graph import readout_apis
 from estimator_multigpu.graph import readouts
 from estimator_multigpu.graph import specs as specs_lib
 from estimator_multigpu.graph import splitting
@@ -88,7 +89,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
                                       examples)
                     for i in range(plan.num_towers)],
       tower_scopes=[ranges.scope_factory, empty_shards.scope_factory(split),
-                    recorder.scope] +
+                    recorder.scope, readout_apis.scope] +
       ([precision.tower_scope] if precision else []) +
       ([canned.optimizer_scope] if mode == ModeKeys.TRAIN else []) +
       [batch_size_param.scope_factory(params, split)] +

@@ -94,9 +94,8 @@ def keep_recorded(settings: settings_lib.TrainSettings,
 def current(settings: settings_lib.TrainSettings, config,
             setting: run_settings.Setting):
   """A table setting's value in this run (`config`: its ClassifierConfig)."""
-  if setting.source == run_settings.CLASSIFIER:
-    return getattr(config, setting.name)
-  return getattr(getattr(settings, setting.source), setting.name)
+  return getattr(run_settings.source_of(setting, settings, config),
+                 setting.name)
 
 
 def changed(record: run_config.RunRecord,

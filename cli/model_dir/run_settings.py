@@ -130,12 +130,13 @@ def across_tasks(settings, config: classifier.ClassifierConfig,
   values = {TOWERS: towers_per_task}
   for setting in SETTINGS:
     if setting.across_tasks:
-      value = getattr(_source(setting, settings, config, setup), setting.name)
+      value = getattr(source_of(setting, settings, config, setup), setting.name)
       values[setting.flag_name] = _plain((setting.in_job or _same)(value))
   return values
 
 
-def _source(setting: Setting, settings, config, setup):
+def source_of(setting: Setting, settings, config, setup=None):
+  """The object holding `setting`'s value in this run."""
   if setting.source == CLASSIFIER:
     return config
   if setting.source == SETUP:

@@ -312,8 +312,30 @@ def whole_shard(tensor: tf.Tensor, analysis: ShardAnalysis) -> bool:
   ancestors = data_ancestors([tensor])
   if any(c.op in ancestors for c in analysis.couplings):
     return False
-  return not any(_selects_rows(op) for op in ancestors
-                 if any(analysis.status(t) == ROWS for t in op.inputs))
+  return not any(_selects_rows(op) for op in _rows_spine(tensor, analysis))
+
+
+_LAYER_INPUTS = frozenset({"ReadVariableOp", "VariableV2", "VarHandleOp"})
+
+
+def _rows_spine(tensor: tf.Tensor, analysis: ShardAnalysis,
+                depth: int = 8) -> list:
+  """The ops the per-example `tensor` comes from while each has one
+  per-example input, up to a layer (an op reading a variable): where a
+  selection of rows (a mask, a slice, top_k) would change which examples it
+  holds. Beyond a layer, rows are the model's (feature columns gather and
+  regroup sparse ids on their way to one row per example)."""
+  spine, current = [], tensor
+  for _ in range(depth):
+    op = current.op
+    spine.append(op)
+    rows = [t for t in op.inputs if analysis.status(t) == ROWS]
+    if len(rows) != 1 or any(t.op.type in _LAYER_INPUTS or (
+        t.op.type == "Identity" and t.op.inputs and
+        t.op.inputs[0].op.type in _LAYER_INPUTS) for t in op.inputs):
+      break
+    current = rows[0]
+  return spine
 
 
 def _selects_rows(op: tf.Operation) -> bool:
@@ -329,7 +351,9 @@ def _selects_rows(op: tf.Operation) -> bool:
     return not _keeps_first_axis(op)
   if op.type == "Slice":
     begin, size = (tf.get_static_value(t) for t in op.inputs[1:3])
-    return begin is None or size is None or begin[0] != 0 or size[0] != -1
+    rows = op.inputs[0].shape[0] if op.inputs[0].shape.rank else None
+    return begin is None or size is None or begin[0] != 0 or (
+        size[0] != -1 and size[0] != rows)
   return False
 
 

@@ -88,14 +88,13 @@ class Recorder:
 
   @contextlib.contextmanager
   def scope(self, tower):
-    """Inside: wrapped APIs called by the model_fn go through `call`."""
-    from estimator_multigpu.graph import readout_apis  # import cycle.
+    """Inside: wrapped APIs called by the model_fn go through `call` (with
+    `readout_apis.scope`, which puts the wrapped APIs in place)."""
     previous = getattr(_STATE, "current", None)
     _STATE.current = (self, tower.index)
     self._arguments[tower.index] = []
     try:
-      with readout_apis.PATCH.scope():
-        yield
+      yield
     finally:
       _STATE.current = previous
 

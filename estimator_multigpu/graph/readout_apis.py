@@ -12,7 +12,6 @@ functions in place while a tower is built and takes them out after.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sys
 
@@ -24,8 +23,7 @@ from estimator_multigpu.graph import global_calls
 
 tf1 = tf.compat.v1
 
-_METRIC_MODULES = ("tensorflow.python.ops.metrics_impl",
-                   "tensorflow.python.ops.metrics")
+_METRIC_MODULES = ("metrics_impl", "metrics_ops")  # compat.INTERNALS keys.
 _OPTIONAL_METRIC_MODULES = ("tf_slim.metrics", "tf_slim.metrics.metric_ops",
                             "tensorflow_ranking.python.metrics")
 _METRIC_FIRST_ARGUMENTS = ("labels", "predictions", "values")
@@ -37,8 +35,7 @@ _ORIGINALS: list = []  # (module, name, original function) while installed.
 
 
 def _metric_modules() -> list:
-  modules = [tf1.metrics] + [importlib.import_module(m)
-                             for m in _METRIC_MODULES]
+  modules = [tf1.metrics] + [compat.internal(m) for m in _METRIC_MODULES]
   return modules + [sys.modules[m] for m in _OPTIONAL_METRIC_MODULES
                     if m in sys.modules]
 
@@ -60,7 +57,7 @@ def _targets() -> list:
     for name, fn in vars(module).items():
       if _is_metric(fn):
         targets.append((module, name, f"{_short(module)}.{name}"))
-  summary_v1 = importlib.import_module("tensorflow.python.summary.summary")
+  summary_v1 = compat.internal("summary_v1")
   for module in (tf1.summary, summary_v1):
     targets += [(module, name, f"tf.compat.v1.summary.{name}")
                 for name in _V1_SUMMARIES if hasattr(module, name)]
@@ -103,3 +100,9 @@ def _uninstall() -> None:
 
 
 PATCH = patching.Patch(_install, _uninstall)
+
+
+def scope(tower):
+  """A tower scope factory: inside, the wrapped APIs are in place."""
+  del tower  # the same for every tower.
+  return PATCH.scope()
