@@ -250,6 +250,8 @@ _PASS_THROUGH = frozenset({"Identity", "Cast", "Neg", "Reshape", "Squeeze",
 _LINEAR_SUMS = frozenset({"Add", "AddV2", "Sub", "AddN"})
 _SCALES = frozenset({"Mul", "RealDiv", "DivNoNan", "Div"})
 _KIND_OF_REDUCTION = {"Mean": MEAN, "Sum": SUM, "Max": MAX, "Min": MIN}
+_SUMS_BY_GROUP = frozenset({"Bincount", "DenseBincount", "UnsortedSegmentSum",
+                            "SegmentSum"})
 
 
 def strip_pass_through(tensor: tf.Tensor) -> tf.Tensor:
@@ -278,6 +280,8 @@ def statistic_kind(tensor: tf.Tensor, analysis: ShardAnalysis,
   if _mean_of_static_rows(tensor, analysis):
     return MEAN
   op, status = tensor.op, analysis.status
+  if op.type in _SUMS_BY_GROUP and any(status(t) == ROWS for t in op.inputs):
+    return SUM  # a histogram: per-group sums over the examples.
   if op.type in _KIND_OF_REDUCTION and status(op.inputs[0]) == ROWS:
     return (_KIND_OF_REDUCTION[op.type]
             if whole_shard(op.inputs[0], analysis) else None)
@@ -308,11 +312,15 @@ def whole_shard(tensor: tf.Tensor, analysis: ShardAnalysis) -> bool:
   """Whether per-example `tensor` holds every example of the shard, each
   from its own values: no row of it selected (boolean_mask, gather, a slice
   or stride along the batch axis, top_k over it) and none coupled with a
-  statistic of the shard (a variance's centered values)."""
+  statistic of the shard (a variance's centered values, values divided
+  by the shard's size)."""
   ancestors = data_ancestors([tensor])
   if any(c.op in ancestors for c in analysis.couplings):
     return False
-  return not any(_selects_rows(op) for op in _rows_spine(tensor, analysis))
+  spine = _rows_spine(tensor, analysis)
+  return not any(_selects_rows(op) or any(
+      is_count(t, analysis) for t in op.inputs if t.dtype.is_floating)
+                 for op in spine)
 
 
 _LAYER_INPUTS = frozenset({"ReadVariableOp", "VariableV2", "VarHandleOp"})

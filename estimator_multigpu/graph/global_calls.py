@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import threading
 from typing import Any, Callable, Optional
 
@@ -107,6 +108,8 @@ class Recorder:
       return self._call_tower0(api, fn, args, kwargs, flat, build_in_peers)
     position = len(self._arguments[index]) - 1
     first = self._first_call(api, position, index)
+    if first.tag is not None:
+      _collect(fn, args, kwargs, first.result)
     if not build_in_peers:
       return first.result
     with self._recording():
@@ -279,6 +282,21 @@ def _names(call: Call, spec) -> str:
   if keys:
     return "eval metric " + ", ".join(repr(k) for k in keys)
   return f"summary {call.tag!r}" if call.tag else "a readout"
+
+
+def _collect(fn: Callable, args: tuple, kwargs: dict, summary) -> None:
+  """Adds tower 0's v1 summary to the collections the call names, as the
+  call would in this tower (`tf.compat.v1.summary.merge_all()` inside the
+  model_fn then finds it in every tower)."""
+  if not isinstance(summary, tf.Tensor) or summary.dtype != tf.string:
+    return
+  try:
+    bound = inspect.signature(fn).bind(*args, **kwargs)
+  except (TypeError, ValueError):
+    return
+  for key in bound.arguments.get("collections") or [
+      tf1.GraphKeys.SUMMARIES]:
+    tf1.add_to_collection(key, summary)
 
 
 def _tag(api: str, args: tuple, kwargs: dict) -> Optional[str]:

@@ -117,4 +117,6 @@ def _pad_constant(dtype: tf.DType, pad_value: Any, name: str) -> tf.Tensor:
         f"`{name}` ({dtype.name}), which differs in size between towers and "
         "is padded to the largest; pass a value of its kind, e.g. "
         "prediction_pad_value={'<key>': -1} (or '' for strings).")
+  if dtype.is_integer:  # -1.0 pads int32 classes as -1.
+    pad_value = int(pad_value)
   return tf.constant(pad_value, dtype)

@@ -35,6 +35,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import warn_once
 from estimator_multigpu.graph import writes as writes_lib
 
@@ -62,9 +63,10 @@ def reconcile(towers: list, shard: Iterable,
              if isinstance(t, tf.Tensor)]
   context = _Context(towers, _Shard({t.op for t in tensors},
                                     _static_shapes(tensors)), reached,
-                     tower_ops or {})
+                     tower_ops or {}, dataflow.shard_analysis(shard))
   skip = _not_the_model_fns(tower0)
-  outside = set(context.tower_ops.get(0, ())) - updating - reached
+  outside = (set(context.tower_ops.get(0, ())) - updating - reached -
+             _initializers())
   for op in sorted(reached | outside, key=lambda o: o.name):
     for write in writes_lib.writes_of(op):
       if write.variable not in skip:
@@ -84,6 +86,7 @@ class _Context:
   shard: _Shard
   reached: set  # what tower 0's train_op runs.
   tower_ops: dict
+  analysis: "dataflow.ShardAnalysis"  # tower 0's tensors, by kind.
 
 
 def _not_the_model_fns(tower0) -> set:
@@ -95,6 +98,15 @@ def _not_the_model_fns(tower0) -> set:
   return {writes_lib.variable_of(v.op.outputs[0]) or v.op
           for v in ([step] if step is not None else []) + metrics
           if hasattr(v, "op")}
+
+
+def _initializers() -> set:
+  """The variables' own initializers (they write the variable once, before
+  any step: not the model_fn's state)."""
+  variables = (tf1.global_variables() + tf1.local_variables() +
+               tf1.get_collection(tf1.GraphKeys.METRIC_VARIABLES))
+  return {v.initializer for v in variables
+          if getattr(v, "initializer", None) is not None}
 
 
 def _run_with(op, peers: list) -> None:
@@ -140,13 +152,26 @@ def _reconcile_write(write, context: _Context) -> list:
     # The same in every tower, or already the global batch's.
     return [p.op for p in peers] if own_copies else []
   if (write.additive and write.variable not in value and all(peers)
-      and not own_copies):
+      and not own_copies and _sums_examples(write, context.analysis)):
     logging.info("multi_gpu: `%s` is updated with the step (%s): every "
                  "tower adds its shard's part.", write.variable.name,
                  write.kind)
     return [p.op for p in peers]
   _warn(write, _how(write, context))
   return []
+
+
+def _sums_examples(write, analysis: dataflow.ShardAnalysis) -> bool:
+  """Whether what an additive write adds is a sum over the shard's examples
+  (per-example rows scattered, a sum, a count): then the towers' writes add
+  up to one device's. A mean, a max or a gradient of the shard is not."""
+  written = write.values[-1]  # the value (a scatter's indices come first).
+  status = analysis.status(written)
+  if status == dataflow.ROWS:
+    return dataflow.whole_shard(written, analysis)
+  if status != dataflow.STATISTIC:  # a count TensorFlow folded, an integer.
+    return True
+  return dataflow.statistic_kind(written, analysis) == dataflow.SUM
 
 
 def _how(write, context: _Context) -> str:

@@ -1,0 +1,103 @@
+"""Spellings a second reader of the round's work wrote (issues 39-42).
+
+Each case is one device's, or a WARNING naming what it reads or writes;
+expected numbers are numpy's.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import estimator_multigpu as emg
+import harness
+
+tf1 = tf.compat.v1
+TRAIN = tf.estimator.ModeKeys.TRAIN
+RNG = np.random.RandomState(5)
+X = RNG.randn(7, 3).astype(np.float32)
+Y = RNG.randn(7, 1).astype(np.float32)
+
+
+def _capture(monkeypatch):
+  from estimator_multigpu.graph import warn_once  # pylint: disable=g-import-not-at-top
+  said = []
+  monkeypatch.setattr(warn_once.logging, "warning",
+                      lambda msg, *args: said.append(msg % args))
+  return said
+
+
+def running_stat_model_fn(stat):
+  def model_fn(features, labels, mode):
+    pred = tf1.layers.dense(features, 1, name="d",
+                            kernel_initializer=tf1.ones_initializer())
+    err = tf.square(pred - labels)[:, 0]
+    loss = tf.reduce_mean(err)
+    total = tf1.get_variable("total", initializer=0.0, trainable=False)
+    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
+    train_op = tf.group(opt.minimize(loss, tf1.train.get_global_step()),
+                        total.assign_add(stat(err)))
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+  return model_fn
+
+
+@pytest.mark.parametrize("variable_update", ["shared", "replicated"])
+def test_an_additive_write_of_a_mean_or_max_is_warned(
+    variable_update, session_config, monkeypatch):
+  said = _capture(monkeypatch)
+  for stat in (tf.reduce_mean, tf.reduce_max):
+    harness.train(running_stat_model_fn(stat), X, Y, 1, session_config,
+                  num_towers=2, variable_update=variable_update)
+  assert sum("`total`" in s for s in said) == 2, said
+  # A sum over the examples is exact: 1 step adds Σ err over the 7.
+  got, _ = harness.train(running_stat_model_fn(tf.reduce_sum), X, Y, 1,
+                         session_config, num_towers=3,
+                         variable_update=variable_update)
+  err = ((X.sum(1, keepdims=True) - Y) ** 2)[:, 0]
+  np.testing.assert_allclose(got["total"], err.sum(), rtol=1e-5)
+
+
+def test_replicated_training_says_nothing_about_initializers(
+    session_config, monkeypatch):
+  said = _capture(monkeypatch)
+  harness.train(running_stat_model_fn(tf.reduce_sum), X, Y, 1,
+                session_config, num_towers=2, variable_update="replicated")
+  assert not [s for s in said if "updates `d/" in s], said
+
+
+def test_summary_saver_hook_of_merge_all_in_every_tower(session_config):
+  def model_fn(features, labels, mode):
+    pred = tf1.layers.dense(features, 1, name="d")
+    loss = tf1.losses.mean_squared_error(labels, pred)
+    tf1.summary.scalar("loss", loss)
+    hook = tf1.train.SummarySaverHook(save_steps=1, output_dir="/tmp",
+                                      summary_op=tf1.summary.merge_all())
+    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss, training_hooks=[hook],
+        train_op=opt.minimize(loss, tf1.train.get_global_step()))
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    spec = harness.call(emg.multi_gpu(model_fn,
+                                      devices=harness.cpu_devices(3)),
+                        tf.constant(X), tf.constant(Y), TRAIN,
+                        session_config)
+  assert len(spec.training_hooks) >= 1
+
+
+def test_one_numeric_pad_value_pads_integer_predictions(session_config):
+  def model_fn(features, labels, mode):
+    del labels
+    n = tf.shape(features)[0]
+    ids = tf.zeros([n, n], tf.int32)   # a width that is the shard's size.
+    return tf.estimator.EstimatorSpec(mode, predictions={"ids": ids})
+  with tf.Graph().as_default():
+    x = tf1.data.make_one_shot_iterator(
+        tf.data.Dataset.from_tensors(X[:5]).repeat()).get_next()
+    spec = emg.multi_gpu(model_fn, devices=harness.cpu_devices(2),
+                         prediction_pad_value=-1.0)(
+                             x, None, tf.estimator.ModeKeys.PREDICT, {},
+                             harness.config_for(session_config))
+    with tf1.Session(config=session_config) as session:
+      ids = session.run(spec.predictions["ids"])
+  # shards of 3 and 2: rows 3-4 are [0, 0, -1] (width 2 padded to 3).
+  np.testing.assert_array_equal(ids[3:], [[0, 0, -1], [0, 0, -1]])
