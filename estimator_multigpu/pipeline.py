@@ -97,7 +97,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       _cross_tower_scopes(plan, split, mode, options))
   recorder.bind(towers, shares)
   ranges.drop(recorder.built_ops)
-  readouts.combine(towers, shares, analyses[0], ranges, recorder.built_ops)
+  readouts.combine(towers, shares, analyses[0], ranges, recorder.built_ops,
+                   split.shards)
   if mode == ModeKeys.PREDICT and towers[0].spec.predictions is not None:
     readouts.warn_coupled_predictions(towers[0].spec.predictions,
                                       analyses[0])

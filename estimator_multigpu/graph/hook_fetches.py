@@ -80,9 +80,14 @@ class GlobalFetches:
   """
 
   def __init__(self, readouts, towers: list, shares: list,
-               analysis: dataflow.ShardAnalysis, ranges):
+               analysis: dataflow.ShardAnalysis, ranges, shards=()):
     self._readouts, self._towers, self._shares = readouts, towers, shares
     self._analysis, self._ranges = analysis, ranges
+    # The towers' inputs (features, labels), leaf by leaf: a hook that
+    # fetches them gets the global batch's.
+    self._inputs = [dataflow.shard_leaves(shard) for shard in shards]
+    self._input_index = {t.ref(): i for i, t in enumerate(
+        self._inputs[0] if self._inputs else [])}
     self._by_type: dict = {}
     self._concats: dict = {}
     self._pairings: dict = {}
@@ -116,9 +121,14 @@ class GlobalFetches:
 
   def _pair(self, tensor: tf.Tensor, what: str) -> Optional[Pairing]:
     status = self._analysis.status(tensor)
+    if tensor.ref() in self._input_index:
+      return self._paired(tensor, what, ROWS, self._input_counterpart, [])
     if status == dataflow.ROWS:
       return self._paired(tensor, what, ROWS, self._rows_counterpart, [])
     if status != dataflow.STATISTIC or not tensor.dtype.is_floating:
+      if status == dataflow.NONE and dataflow.data_ancestors(
+          [tensor]) & self._shard_ops():
+        self._warn(tensor, what, None)  # an integer statistic, an argmax.
       return None
     kind = self._readouts.kind(tensor)
     weights = ([t.loss_weight for t in self._towers] if kind == "loss"
@@ -143,7 +153,14 @@ class GlobalFetches:
         held, _FIX)
 
   def _in_tower0(self, tensor) -> bool:
-    return isinstance(tensor, tf.Tensor) and self._ranges.in_tower(tensor, 0)
+    return isinstance(tensor, tf.Tensor) and (
+        self._ranges.in_tower(tensor, 0) or tensor.ref() in self._input_index)
+
+  def _input_counterpart(self, tensor: tf.Tensor, index: int):
+    return self._inputs[index][self._input_index[tensor.ref()]]
+
+  def _shard_ops(self) -> set:
+    return {t.op for t in (self._inputs[0] if self._inputs else [])}
 
   def _rows_counterpart(self, tensor: tf.Tensor,
                         index: int) -> Optional[tf.Tensor]:

@@ -182,15 +182,17 @@ def combine_summaries(readouts: Readouts, tower0,
 
 
 def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
-            ranges: OpRanges, built: frozenset = frozenset()) -> None:
+            ranges: OpRanges, built: frozenset = frozenset(),
+            shards=()) -> None:
   """Tower 0's scalar summaries and hooks read the global batch's values
-  (`built`: the ops summary APIs built once from the global batch)."""
+  (`built`: the ops summary APIs built once from the global batch;
+  `shards`: the towers' inputs, which hooks may fetch too)."""
   if len(towers) < 2:
     return
   readouts = Readouts(towers, shares, analysis, ranges)
   combine_summaries(readouts, towers[0], built)
   fetches = hook_fetches.GlobalFetches(readouts, towers, shares, analysis,
-                                       ranges)
+                                       ranges, shards)
   spec = towers[0].spec
   for hooks in (spec.training_hooks, spec.training_chief_hooks,
                 spec.evaluation_hooks, spec.prediction_hooks):

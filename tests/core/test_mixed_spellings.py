@@ -101,3 +101,44 @@ def test_one_numeric_pad_value_pads_integer_predictions(session_config):
       ids = session.run(spec.predictions["ids"])
   # shards of 3 and 2: rows 3-4 are [0, 0, -1] (width 2 padded to 3).
   np.testing.assert_array_equal(ids[3:], [[0, 0, -1], [0, 0, -1]])
+
+
+class _Keep(tf1.train.SessionRunHook):
+  """Keeps what it fetches each step."""
+
+  def __init__(self, fetches):
+    self.fetches, self.values = fetches, []
+
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs(self.fetches)
+
+  def after_run(self, run_context, run_values):
+    self.values.append(run_values.results)
+
+
+def test_a_hook_fetching_the_labels_or_a_count_of_the_shard(
+    session_config, monkeypatch):
+  said = _capture(monkeypatch)
+
+  def model_fn(features, labels, mode):
+    pred = tf1.layers.dense(features, 1, name="d")
+    loss = tf1.losses.mean_squared_error(labels, pred)
+    hits = tf.reduce_sum(tf.cast(pred > labels, tf.int32))
+    hook = _Keep({"labels": labels, "hits": hits})
+    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss, training_hooks=[hook],
+        train_op=opt.minimize(loss, tf1.train.get_global_step()))
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    spec = harness.call(emg.multi_gpu(model_fn,
+                                      devices=harness.cpu_devices(3)),
+                        tf.constant(X), tf.constant(Y), TRAIN,
+                        session_config)
+    with tf1.train.MonitoredSession(
+        tf1.train.ChiefSessionCreator(config=session_config),
+        hooks=spec.training_hooks) as session:
+      session.run(spec.train_op)
+  hook = [h for h in spec.training_hooks if isinstance(h, _Keep)][0]
+  np.testing.assert_allclose(hook.values[0]["labels"], Y)   # all 7 rows.
+  assert any("fetches" in s and "Sum" in s for s in said), said
