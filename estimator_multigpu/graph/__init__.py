@@ -5,4 +5,12 @@ In the order data flows: `plan` (which device each tower uses), `splitting`
 tower; `sharing` gives towers 1.. tower 0's variables), `precision` (mixed
 precision inside the towers), `specs` (one EstimatorSpec from the towers')
 and `ema` (the moving average of the weights).
+
+What the user reads and writes: `global_calls` (metric and summary APIs
+built once from the global batch; `readout_apis` lists them), `metrics`
+(metric code of its own, inferred), `readouts`, `hook_fetches` and
+`hook_rewrites` (summaries and hooks), `state_updates` and `writes`
+(variables the model_fn writes), `model_savers`, `batch_size_param`,
+`prediction_padding`; `dataflow` reads the graph for all of them and
+`warn_once` says each warning once per model.
 """
