@@ -95,6 +95,8 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       [batch_size_param.scope_factory(params, split)] +
       _regularization_scopes(options, strategy, split) +
       _cross_tower_scopes(plan, split, mode, options))
+  batch_size_param.check_loss(towers[0], params, split,
+                              options.loss_reduction)
   recorder.bind(towers, shares)
   ranges.drop(recorder.built_ops)
   readouts.combine(towers, shares, analyses[0], ranges, recorder.built_ops,

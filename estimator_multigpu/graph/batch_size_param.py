@@ -163,3 +163,41 @@ def _message(what: str, batch: int, num_towers: int) -> str:
       "exact); take a batch dimension from the data instead, tf.shape(x)[0]:"
       " tf.reshape(x, [tf.shape(x)[0], ...]), "
       "cell.zero_state(tf.shape(x)[0], dtype), tf.zeros([tf.shape(x)[0], k]).")
+
+
+def check_loss(tower0, params: Any, split, loss_reduction: str) -> None:
+  """Refuses a loss that is a sum over the shard divided by
+  `params["batch_size"]` (a share of the global batch's sum, as TPU code
+  writes it) under `loss_reduction="mean"`, which would weight it by the
+  tower's share nᵢ/n once more: a silently smaller loss and gradients.
+
+  Raises:
+    ValueError: such a loss, naming `loss_reduction="sum"` as the fix.
+  """
+  batch, loss = global_batch_param(params), tower0.spec.loss
+  if (loss is None or batch is None or loss_reduction != "mean" or
+      len(split.shards) < 2):
+    return
+  analysis = dataflow.shard_analysis(split.shards[0])
+  op = dataflow.strip_pass_through(loss).op
+  if op.type not in ("RealDiv", "Div", "DivNoNan", "Mul") or len(
+      op.inputs) != 2:
+    return
+  total, scale = op.inputs
+  value = tf.get_static_value(scale)
+  if value is None or getattr(value, "ndim", 0):
+    return
+  divides = (op.type != "Mul" and float(value) == batch) or (
+      op.type == "Mul" and math.isclose(float(value) * batch, 1.0, rel_tol=1e-6))
+  shares = {dataflow.strip_pass_through(t).ref() for t in
+            tower0.collections.get(tf.compat.v1.GraphKeys.LOSSES, [])}
+  if (divides and dataflow.strip_pass_through(total).ref() not in shares and
+      dataflow.statistic_kind(total, analysis) == dataflow.SUM):
+    raise ValueError(
+        f"The model_fn's loss is a sum over the batch divided by "
+        f"params[{KEY!r}] ({batch}, the global batch): each tower's loss is "
+        "then its share of the global batch's sum, which "
+        "loss_reduction='mean' (the default) would weight by the tower's "
+        "share of the examples once more. Pass multi_gpu(..., "
+        "loss_reduction='sum') for this loss, or divide by the tower's own "
+        "batch, tf.cast(tf.shape(x)[0], tf.float32).")

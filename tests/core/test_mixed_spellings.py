@@ -142,3 +142,32 @@ def test_a_hook_fetching_the_labels_or_a_count_of_the_shard(
   hook = [h for h in spec.training_hooks if isinstance(h, _Keep)][0]
   np.testing.assert_allclose(hook.values[0]["labels"], Y)   # all 7 rows.
   assert any("fetches" in s and "Sum" in s for s in said), said
+
+
+@pytest.mark.parametrize("divide", [
+    lambda total, b: total / b, lambda total, b: total * (1.0 / b),
+    lambda total, b: tf.math.divide(total, tf.cast(b, tf.float32))])
+def test_a_sum_divided_by_params_batch_size_needs_sum_reduction(
+    divide, session_config):
+  def model_fn(features, labels, mode, params):
+    pred = tf1.layers.dense(features, 1, name="d",
+                           kernel_initializer=tf1.ones_initializer())
+    loss = divide(tf.reduce_sum(tf.square(pred - labels)),
+                  params["batch_size"])
+    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss,
+        train_op=opt.minimize(loss, tf1.train.get_global_step()))
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    with pytest.raises(ValueError, match="loss_reduction='sum'"):
+      emg.multi_gpu(model_fn, devices=harness.cpu_devices(2))(
+          tf.constant(X), tf.constant(Y), TRAIN, {"batch_size": 7},
+          harness.config_for(session_config))
+  # With loss_reduction="sum" each tower's Σ/B adds up to one device's.
+  def with_params(features, labels, mode):
+    return model_fn(features, labels, mode, {"batch_size": 7})
+  got, _ = harness.train(with_params, X, Y, 1, session_config, num_towers=2,
+                         loss_reduction="sum")
+  want, _ = harness.train(with_params, X, Y, 1, session_config)
+  harness.assert_same_variables(got, want)
