@@ -140,5 +140,5 @@ def test_batch_norm_without_sync_warns_once(kind, session_config,
     tf1.train.get_or_create_global_step()
     harness.call(emg.multi_gpu(model_fn, devices=harness.cpu_devices(3)),
                  tf.constant(X), tf.constant(Y), "train", session_config)
-  warnings = [w for w in warnings if "sync_batch_norm=True" in w]
+  warnings = [w for w in warnings if "batch norm in training" in w]
   assert len(warnings) == 1 and "3 towers" in warnings[0]
