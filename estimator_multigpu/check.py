@@ -317,11 +317,20 @@ class _StartFrom(tf1.train.SessionRunHook):
 
 def _differences(reference: dict, towers: dict) -> list:
   """(name, max abs difference) for one device's variables, largest first."""
-  worst = [(name, float(np.max(np.abs(towers[name] - value), initial=0.0))
-            if name in towers and np.shape(towers[name]) == np.shape(value)
-            else np.inf)
-           for name, value in reference.items()]
+  worst = [(name, _difference(towers[name], value) if name in towers
+            else np.inf) for name, value in reference.items()]
   return sorted(worst, key=lambda pair: -pair[1])
+
+
+def _difference(got, want) -> float:
+  """The max abs difference; for strings and booleans (class names a
+  prediction returns), 0 if equal, else inf; inf for another shape."""
+  got, want = np.asarray(got), np.asarray(want)
+  if got.shape != want.shape:
+    return np.inf
+  if got.dtype.kind in "OSUb" or want.dtype.kind in "OSUb":
+    return 0.0 if np.array_equal(got, want) else np.inf
+  return float(np.max(np.abs(got - want), initial=0.0))
 
 
 def _within(worst: list, reference: dict, tolerance: float) -> bool:

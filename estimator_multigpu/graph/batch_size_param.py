@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Optional
 import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import warn_once
 
 KEY = "batch_size"
 
@@ -166,13 +167,13 @@ def _message(what: str, batch: int, num_towers: int) -> str:
 
 
 def check_loss(tower0, params: Any, split, loss_reduction: str) -> None:
-  """Refuses a loss that is a sum over the shard divided by
+  """Warns about a loss that is a sum over the shard divided by
   `params["batch_size"]` (a share of the global batch's sum, as TPU code
   writes it) under `loss_reduction="mean"`, which would weight it by the
   tower's share nᵢ/n once more: a silently smaller loss and gradients.
 
-  Raises:
-    ValueError: such a loss, naming `loss_reduction="sum"` as the fix.
+  It is said, not refused: the acceptance cases users filed train it and
+  let `check_towers` show the difference.
   """
   batch, loss = global_batch_param(params), tower0.spec.loss
   if (loss is None or batch is None or loss_reduction != "mean" or
@@ -193,11 +194,13 @@ def check_loss(tower0, params: Any, split, loss_reduction: str) -> None:
             tower0.collections.get(tf.compat.v1.GraphKeys.LOSSES, [])}
   if (divides and dataflow.strip_pass_through(total).ref() not in shares and
       dataflow.statistic_kind(total, analysis) == dataflow.SUM):
-    raise ValueError(
-        f"The model_fn's loss is a sum over the batch divided by "
+    warn_once.warn(
+        ("sum over params batch_size",),
+        f"multi_gpu: the model_fn's loss is a sum over the batch divided by "
         f"params[{KEY!r}] ({batch}, the global batch): each tower's loss is "
         "then its share of the global batch's sum, which "
         "loss_reduction='mean' (the default) would weight by the tower's "
-        "share of the examples once more. Pass multi_gpu(..., "
-        "loss_reduction='sum') for this loss, or divide by the tower's own "
-        "batch, tf.cast(tf.shape(x)[0], tf.float32).")
+        "share of the examples once more, so the loss and gradients are not "
+        "one device's. Pass multi_gpu(..., loss_reduction='sum') for this "
+        "loss, or divide by the tower's own batch, tf.cast(tf.shape(x)[0], "
+        "tf.float32); emg.check_towers shows the difference.")
