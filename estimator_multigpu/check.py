@@ -334,8 +334,15 @@ def _difference(got, want) -> float:
 
 
 def _within(worst: list, reference: dict, tolerance: float) -> bool:
-  return all(diff <= tolerance * max(1.0, float(np.max(
-      np.abs(reference[name]), initial=0.0))) for name, diff in worst)
+  return all(diff <= tolerance * max(1.0, _magnitude(reference[name]))
+             for name, diff in worst)
+
+
+def _magnitude(value) -> float:
+  value = np.asarray(value)
+  if value.dtype.kind in "OSUb":  # strings, booleans: compared by equality.
+    return 1.0
+  return float(np.max(np.abs(value), initial=0.0))
 
 
 def _causes(reference: _Run, towers: _Run, options: dict, retry) -> list:
