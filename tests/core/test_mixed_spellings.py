@@ -64,6 +64,21 @@ def test_replicated_training_says_nothing_about_initializers(
   assert not [s for s in said if "updates `d/" in s], said
 
 
+def _spec_with_hook(mode, loss, hook):
+  """A TRAIN spec that leaves the variables as they are, with `hook`."""
+  opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
+  return tf.estimator.EstimatorSpec(
+      mode, loss=loss, training_hooks=[hook],
+      train_op=opt.minimize(loss, tf1.train.get_global_step()))
+
+
+def _three_towers(model_fn, session_config):
+  """The TRAIN spec of `model_fn` on 3 towers, in the default graph."""
+  tf1.train.get_or_create_global_step()
+  return harness.call(emg.multi_gpu(model_fn, devices=harness.cpu_devices(3)),
+                      tf.constant(X), tf.constant(Y), TRAIN, session_config)
+
+
 def test_summary_saver_hook_of_merge_all_in_every_tower(session_config):
   def model_fn(features, labels, mode):
     pred = tf1.layers.dense(features, 1, name="d")
@@ -71,16 +86,9 @@ def test_summary_saver_hook_of_merge_all_in_every_tower(session_config):
     tf1.summary.scalar("loss", loss)
     hook = tf1.train.SummarySaverHook(save_steps=1, output_dir="/tmp",
                                       summary_op=tf1.summary.merge_all())
-    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
-    return tf.estimator.EstimatorSpec(
-        mode, loss=loss, training_hooks=[hook],
-        train_op=opt.minimize(loss, tf1.train.get_global_step()))
+    return _spec_with_hook(mode, loss, hook)
   with tf.Graph().as_default():
-    tf1.train.get_or_create_global_step()
-    spec = harness.call(emg.multi_gpu(model_fn,
-                                      devices=harness.cpu_devices(3)),
-                        tf.constant(X), tf.constant(Y), TRAIN,
-                        session_config)
+    spec = _three_towers(model_fn, session_config)
   assert len(spec.training_hooks) >= 1
 
 
@@ -124,17 +132,10 @@ def test_a_hook_fetching_the_labels_or_a_count_of_the_shard(
     pred = tf1.layers.dense(features, 1, name="d")
     loss = tf1.losses.mean_squared_error(labels, pred)
     hits = tf.reduce_sum(tf.cast(pred > labels, tf.int32))
-    hook = _Keep({"labels": labels, "hits": hits})
-    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
-    return tf.estimator.EstimatorSpec(
-        mode, loss=loss, training_hooks=[hook],
-        train_op=opt.minimize(loss, tf1.train.get_global_step()))
+    return _spec_with_hook(mode, loss, _Keep({"labels": labels,
+                                              "hits": hits}))
   with tf.Graph().as_default():
-    tf1.train.get_or_create_global_step()
-    spec = harness.call(emg.multi_gpu(model_fn,
-                                      devices=harness.cpu_devices(3)),
-                        tf.constant(X), tf.constant(Y), TRAIN,
-                        session_config)
+    spec = _three_towers(model_fn, session_config)
     with tf1.train.MonitoredSession(
         tf1.train.ChiefSessionCreator(config=session_config),
         hooks=spec.training_hooks) as session:
