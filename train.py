@@ -49,9 +49,9 @@ import estimator_multigpu as emg
 from estimator_multigpu import cluster
 from estimator_multigpu.runtime import evaluation
 from estimator_multigpu.runtime import guards
-from estimator_multigpu.cluster import all_reduce_training
-from estimator_multigpu.cluster import job_control
-from estimator_multigpu.cluster import job_stop
+from estimator_multigpu.cluster.all_reduce import training as all_reduce_training
+from estimator_multigpu.cluster.ps import job as ps_job
+from estimator_multigpu.cluster.all_reduce import stop_signal
 
 import classifier
 import datasets
@@ -94,7 +94,7 @@ def train(settings: Settings, estimator: tf.estimator.Estimator,
   with guards.SignalStop(blocked_secs=settings.run.stop_grace_secs,
                         on_blocked=_on_blocked(task)) as stop:
     def train_with(extra_hooks):
-      # An all-reduce task stops at the step its job agrees on (job_stop).
+      # An all-reduce task stops at the step its job agrees on (cluster.all_reduce.stop_signal).
       own_stop = [] if all_reduce else [stop.hook()]
       estimator.train(
           input_fn, max_steps=max_steps,
@@ -115,7 +115,7 @@ def train(settings: Settings, estimator: tf.estimator.Estimator,
         return NOTHING_LEFT
       return stopped[0] if stopped else None  # its line is logged.
     else:
-      job_control.run_trainer(task, train_with,
+      ps_job.run_trainer(task, train_with,
                               sync_replicas=settings.cluster.sync_replicas,
                               base_config=towers.session_config,
                               ps_wait_secs=settings.cluster.ps_wait_secs,
@@ -129,7 +129,7 @@ def _on_blocked(task: Optional[cluster.Task]):
     return None
   if task.all_reduce:
     return all_reduce_training.abandon
-  return lambda number, secs: job_control.abandon(task, number, secs)
+  return lambda number, secs: ps_job.abandon(task, number, secs)
 
 
 def _all_reduce_options(settings: Settings, task: cluster.Task,
@@ -164,7 +164,7 @@ def evaluate(settings: Settings, estimator: tf.estimator.Estimator,
 def run(task: Optional[cluster.Task], settings: Settings) -> int:
   """Runs this process's part of the job; returns its exit status."""
   if task is not None and task.type == cluster.PS:
-    job_control.serve_ps(task, settings.cluster.ps_linger_secs)
+    ps_job.serve_ps(task, settings.cluster.ps_linger_secs)
     return 0
   with checkpoints.writer_lock(task, settings.run.model_dir,
                                settings.run.min_free_disk_mb):
@@ -237,7 +237,7 @@ def _saved(task: Optional[cluster.Task], estimator: tf.estimator.Estimator,
     return ("; this worker writes no checkpoint (the chief saves in "
             f"{model_dir})")
   step = int(estimator.get_variable_value("global_step"))
-  newest = job_stop.checkpoint_step(model_dir)
+  newest = stop_signal.checkpoint_step(model_dir)
   if newest == step:
     return f" at step {step}; checkpoint saved in {model_dir}"
   return (f" at step {step}; step {step} was not saved: the newest "

@@ -3,7 +3,7 @@
 `--system=ps`: the classic flags (`--ps_hosts`, `--worker_hosts`,
 `--job_name`, `--task_index`; worker 0 is the chief); a ps serves until the
 job ends, a trainer runs `multi_gpu` (shared variables) with
-SyncReplicasOptimizer under `job_control.run_trainer`, like
+SyncReplicasOptimizer under `ps_job.run_trainer`, like
 `tests/cluster/linear_cluster.py`. `--system=allreduce`: TF_CONFIG (chief +
 workers), `multi_gpu(variable_update="replicated")` through
 `emg.train_and_evaluate`, like `tests/cluster/all_reduce_task.py`.
@@ -35,7 +35,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 import estimator_multigpu as emg  # pylint: disable=wrong-import-position
 from estimator_multigpu import cluster  # pylint: disable=wrong-import-position
-from estimator_multigpu.cluster import job_control  # pylint: disable=wrong-import-position
+from estimator_multigpu.cluster.ps import job as ps_job  # pylint: disable=wrong-import-position
 from bench import cluster_horovod, cluster_trace, models, specs  # pylint: disable=wrong-import-position
 
 tf1 = tf.compat.v1
@@ -131,7 +131,7 @@ def run_ps_system(args, spec: specs.ModelSpec) -> None:
   task = cluster.resolve_task(args.ps_hosts, args.worker_hosts, args.job_name,
                               args.task_index, None)
   if task.type == cluster.PS:
-    job_control.serve_ps(task, linger_secs=10)
+    ps_job.serve_ps(task, linger_secs=10)
     return
   os.environ["TF_CONFIG"] = task.tf_config()
   base = emg.make_session_config(num_cpus=args.towers)
@@ -140,7 +140,7 @@ def run_ps_system(args, spec: specs.ModelSpec) -> None:
   estimator = tf.estimator.Estimator(model_fn, config=run_config(
       args.model_dir, cluster.session_config(task, base)))
   recorders = recording_hooks(args)
-  job_control.run_trainer(
+  ps_job.run_trainer(
       task, lambda hooks: estimator.train(
           models.make_input_fn(spec, spec.global_batch_size),
           max_steps=args.steps, hooks=recorders + hooks),

@@ -42,7 +42,7 @@ _PUBLIC = {
     "cross_tower_concat": "cross_tower.losses",
     "check_towers": "check",
     "TowerCheck": "check",
-    "train_and_evaluate": "cluster.all_reduce_training",
+    "train_and_evaluate": "cluster.all_reduce.training",
     "VARIABLE_UPDATES": "strategies",
     "averaged_variables": "graph.ema",
 }

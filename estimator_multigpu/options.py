@@ -12,7 +12,7 @@ from typing import Optional
 
 
 from estimator_multigpu.update import accumulation
-from estimator_multigpu.strategies import allreduce
+from estimator_multigpu.strategies import all_reduce as all_reduce_lib
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu.graph import precision
 from estimator_multigpu.graph import plan as plan_lib
@@ -33,7 +33,7 @@ class Options:
   variable_update: str = strategies.AUTO
   unsplit_features: tuple = ()
   all_reduce: Optional[str] = None  # None: `plan.all_reduce_for`.
-  gradient_packing_bytes: int = allreduce.DEFAULT_PACKING_BYTES
+  gradient_packing_bytes: int = all_reduce_lib.DEFAULT_PACKING_BYTES
   accumulate_steps: int = 1
   mixed_precision: Optional[str] = None
   sync_batch_norm: bool = False
@@ -97,7 +97,7 @@ def check_options(*, devices, aggregation_device, loss_reduction, ema_decay,
       use_ema_weights=bool(use_ema_weights), variable_update=variable_update,
       unsplit_features=_feature_keys(unsplit_features),
       all_reduce=all_reduce,
-      gradient_packing_bytes=(allreduce.DEFAULT_PACKING_BYTES
+      gradient_packing_bytes=(all_reduce_lib.DEFAULT_PACKING_BYTES
                               if gradient_packing_bytes is None else
                               gradient_packing_bytes),
       packing_given=gradient_packing_bytes is not None,
@@ -163,10 +163,10 @@ def _check_all_reduce(variable_update, synchronization, all_reduce,
           f"{variable_update!r}; it only applies to replicated variables. "
           f"Pass variable_update='replicated' (or 'auto'), or drop "
           f"`{name}`.")
-  if all_reduce is not None and all_reduce not in allreduce.ALGORITHMS:
+  if all_reduce is not None and all_reduce not in all_reduce_lib.ALGORITHMS:
     raise ValueError(
         f"`all_reduce` is {all_reduce!r}; expected one of "
-        f"{', '.join(map(repr, allreduce.ALGORITHMS))}: 'collective' "
+        f"{', '.join(map(repr, all_reduce_lib.ALGORITHMS))}: 'collective' "
         "(NCCL on GPUs, a ring on CPUs), 'add_n' (one sum on the "
         "aggregation device that every tower reads) or 'hierarchical' "
         "(within each task, then across tasks once).")

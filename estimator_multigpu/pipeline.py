@@ -32,12 +32,12 @@ from estimator_multigpu.graph import specs as specs_lib
 from estimator_multigpu.graph import splitting
 from estimator_multigpu.graph import state_updates
 from estimator_multigpu.graph import towers as towers_lib
-from estimator_multigpu.cluster import all_reduce_job
+from estimator_multigpu.cross_tower import across_tasks
 from estimator_multigpu.cross_tower import context
-from estimator_multigpu.cross_tower import layers as sync_batch_norm
+from estimator_multigpu.cross_tower import sync_batch_norm
 from estimator_multigpu.cross_tower import regularization
 from estimator_multigpu.cross_tower import v1_losses
-from estimator_multigpu.strategies import allreduce
+from estimator_multigpu.strategies import all_reduce as all_reduce_lib
 from estimator_multigpu.update import accumulation
 from estimator_multigpu.update import canned
 from estimator_multigpu.update import chain as chain_lib
@@ -153,7 +153,7 @@ def _all_reduce_cluster(mode: str, config):
   """The all-reduce cluster this TRAIN graph is one task of, or None."""
   if mode != ModeKeys.TRAIN:
     return None
-  return all_reduce_job.AllReduceCluster.from_run_config(config)
+  return across_tasks.AllReduceCluster.from_run_config(config)
 
 
 def _make_plan(options: Options, config, cluster,
@@ -179,6 +179,7 @@ def _make_plan(options: Options, config, cluster,
                  (plan.gpu_towers >= 2 and not num_ps and not keras)))
   plan = dataclasses.replace(
       plan, strategy=strategy.name,
+      copies_per_tower=strategy.copies_per_tower,
       all_reduce=options.all_reduce or (
           "collective" if cluster is None else "hierarchical"),
       gradient_packing_bytes=options.gradient_packing_bytes)
@@ -192,11 +193,11 @@ def _global_examples(split, cluster, plan):
   if cluster is None:
     return split.global_batch_size
   with tf.device(plan.aggregation_device), tf.name_scope("global_batch"):
-    total = all_reduce_job.sum_over_tasks(
+    total = across_tasks.sum_over_tasks(
         tf.cast(split.global_batch_size, tf.float32), cluster,
         plan.devices[0])
     # A static batch is the same every step: summed once per session.
-    return all_reduce_job.once_per_session(total) if split.static else total
+    return across_tasks.once_per_session(total) if split.static else total
 
 
 def _across_tasks(spec, cluster, plan, carried=None):
@@ -208,9 +209,9 @@ def _across_tasks(spec, cluster, plan, carried=None):
   loss = carried
   if loss is None:
     with tf.device(plan.aggregation_device), tf.name_scope("global_loss"):
-      loss = all_reduce_job.sum_over_tasks(spec.loss, cluster,
+      loss = across_tasks.sum_over_tasks(spec.loss, cluster,
                                            plan.devices[0])
-  return spec._replace(loss=loss, scaffold=all_reduce_job.broadcast_scaffold(
+  return spec._replace(loss=loss, scaffold=across_tasks.broadcast_scaffold(
       spec.scaffold, cluster, plan.devices[0]))
 
 
@@ -278,11 +279,11 @@ def _check_strategy(plan: plan_lib.Plan, cluster, num_ps: int) -> None:
         "variables live in each tower. Use variable_update='shared' (or "
         "'auto') in a ps cluster.")
   if cluster is not None and (not copies or plan.all_reduce not in
-                              allreduce.ACROSS_TASKS):
+                              all_reduce_lib.ACROSS_TASKS):
     raise ValueError(
         f"The cluster ({', '.join(cluster.cluster)} tasks, no ps) trains by "
         "all-reducing between its tasks, which needs a copy of the variables "
-        f"per tower and all_reduce in {list(allreduce.ACROSS_TASKS)}; got the "
+        f"per tower and all_reduce in {list(all_reduce_lib.ACROSS_TASKS)}; got the "
         f"{plan.strategy!r} strategy, all_reduce={plan.all_reduce!r}. Pass "
         "variable_update='auto' or 'replicated' (train.py --variable_update),"
         " and drop all_reduce='add_n'; or add ps tasks for 'shared'.")

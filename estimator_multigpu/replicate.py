@@ -235,7 +235,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       gradients into buffers of at most this many bytes before the
       all-reduce (fewer, larger reductions, like tf_cnn_benchmarks'
       `--gradient_repacking` and Horovod's tensor fusion); None:
-      `allreduce.DEFAULT_PACKING_BYTES` (64 MiB); 0: each gradient alone.
+      `strategies.all_reduce.DEFAULT_PACKING_BYTES` (64 MiB); 0: each gradient alone.
     accumulate_steps: k >= 1 input batches per update (1: none).
     mixed_precision: None (float32), "bfloat16" or "float16" (with dynamic
       loss scaling): the precision the towers compute in; variables,

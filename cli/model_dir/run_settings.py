@@ -2,7 +2,7 @@
 
 Two checks read this table: the tasks of an all-reduce job compare the
 settings marked `across_tasks` before their first step
-(`estimator_multigpu.cluster.agreement`), and a resumed run compares its
+(`estimator_multigpu.cluster.all_reduce.agreement`), and a resumed run compares its
 settings with the model dir's `run_config.json` (`cli.model_dir.resume`):
 those marked `MUST_MATCH` stop it (the net, whose checkpoints would not load
 into another, and the data it was trained on), those marked `MAY_CHANGE`
@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from estimator_multigpu.cluster import all_reduce_job
+from estimator_multigpu.cluster.all_reduce import servers as all_reduce_servers
 
 import classifier
 
@@ -94,7 +94,7 @@ SETTINGS = (
     Setting("moving_average_decay", "multi_gpu", True),
     Setting("clip_gradients_by_norm", "multi_gpu", True),
     Setting("variable_update", "multi_gpu", True,
-            in_job=all_reduce_job.variable_update_in_job),
+            in_job=all_reduce_servers.variable_update_in_job),
     Setting("sync_batch_norm", "multi_gpu", True),
     Setting("accumulate_steps", "multi_gpu", True),
     Setting("mixed_precision", "multi_gpu", True),

@@ -1,14 +1,25 @@
-"""Several machines on TensorFlow's own distributed runtime (ps/worker).
+"""Several machines on TensorFlow's own distributed runtime.
 
+Shared by both kinds of job:
 - `task`: which task this process runs (`Task`, from flags or TF_CONFIG), its
   server and session config (the evaluator's checkpoint loop is
   `estimator_multigpu.runtime.evaluation`).
-- `job_control`: how a job starts and ends (waiting for the ps and the chief,
-  reporting to the ps, the ps watchdog, `run_trainer`).
 - `launch`: `python -m estimator_multigpu.cluster.launch` starts a whole job
   on one machine (loopback), for trying and testing.
 - `slurm`: `python -m estimator_multigpu.cluster.slurm` prints the TF_CONFIG
   of a task of a Slurm job (docs/cluster/slurm.sbatch).
+
+One family per kind of job:
+- `ps`: parameter-server jobs (ps tasks hold the variables): `ps.job` (how a
+  job starts and ends, `run_trainer`), `ps.control_queues` (the small queues
+  and probes on the ps), `ps.watchdogs` (a trainer's watch on its ps and its
+  chief).
+- `all_reduce`: chief and workers, no ps: `all_reduce.training`
+  (`train_and_evaluate`), `all_reduce.servers`, `all_reduce.guard`,
+  `all_reduce.agreement`, `all_reduce.board`, `all_reduce.board_entries`,
+  `all_reduce.heartbeat`, `all_reduce.peer_probe`, `all_reduce.stop_signal`.
+  The graph side of such a job is `cross_tower.across_tasks`: nothing that
+  builds the graph imports this package.
 
 The task names are re-exported here: `cluster.Task`, `cluster.PS`, ...
 """

@@ -42,7 +42,7 @@ from absl import logging
 
 from estimator_multigpu import cluster
 
-TOKEN_VARIABLE = "EMG_JOB_TOKEN"  # cluster.job_guard's job token.
+TOKEN_VARIABLE = "EMG_JOB_TOKEN"  # cluster.all_reduce.guard's job token.
 _OWN_FLAGS = ("--ps_hosts", "--worker_hosts", "--job_name", "--task_index")
 # evaluation.format_metrics' line: key=value pairs, one of them global_step.
 _METRICS_LINE = re.compile(r"^(\S+=\S+ )*global_step=\S+( \S+=\S+)*$")

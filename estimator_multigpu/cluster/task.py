@@ -22,7 +22,7 @@ The evaluator task runs `estimator_multigpu.runtime.evaluation.evaluate_checkpoi
 the loop eval.py runs too.
 
 How a job starts and ends (waiting for the ps and the chief, reporting to
-the ps, `SyncReplicasOptimizer`'s shutdown) is `job_control`.
+the ps, `SyncReplicasOptimizer`'s shutdown) is `cluster.ps.job`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Task:
 
   @property
   def all_reduce(self) -> bool:
-    """A cluster without ps: the trainers all-reduce (`all_reduce_job`)."""
+    """A cluster without ps: the trainers all-reduce (`cluster.all_reduce`)."""
     return not self.cluster.get(PS)
 
   @property

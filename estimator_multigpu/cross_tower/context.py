@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from estimator_multigpu.cross_tower import collectives
+from estimator_multigpu import collectives
 
 tf1 = tf.compat.v1
 _STACK = threading.local()

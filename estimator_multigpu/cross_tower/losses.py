@@ -27,15 +27,11 @@ from typing import Optional
 
 import tensorflow as tf
 
-from estimator_multigpu.cross_tower import collectives
+from estimator_multigpu import collectives
 from estimator_multigpu.cross_tower import context as context_lib
+from estimator_multigpu.graph.towers import NORMALIZERS
 
 tf1 = tf.compat.v1
-
-
-# (ratio, global denominator) of every `global_ratio` (gradient accumulation
-# weighs micro-batches by the denominator: `update.accumulation`).
-NORMALIZERS = "estimator_multigpu_global_normalizers"
 
 
 def _context() -> Optional[context_lib.TowerContext]:

@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from estimator_multigpu.cross_tower import collectives
+from estimator_multigpu import collectives
 from estimator_multigpu.cross_tower import context as context_lib
 
 tf1 = tf.compat.v1

@@ -41,7 +41,7 @@ from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu import compat
-from estimator_multigpu.cross_tower import patching
+from estimator_multigpu.graph import patching
 from estimator_multigpu.graph import dataflow
 
 tf1 = tf.compat.v1

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.cross_tower import context as context_lib
-from estimator_multigpu.cross_tower import patching
+from estimator_multigpu.graph import patching
 from estimator_multigpu.cross_tower import losses as loss_tools
 
 losses_impl = compat.internal("losses_impl")

@@ -38,9 +38,9 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-from estimator_multigpu.cross_tower import losses as cross_tower_losses
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import sharing
+from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.graph import warn_once
 
 tf1 = tf.compat.v1
@@ -390,5 +390,5 @@ def _loss_terms(tower0) -> list:
   terms = [tower0.spec.loss] + list(
       tower0.collections.get(tf1.GraphKeys.LOSSES, [])) + [
           ratio for ratio, _ in tower0.collections.get(
-              cross_tower_losses.NORMALIZERS, [])]
+              towers_lib.NORMALIZERS, [])]
   return [t for t in terms if isinstance(t, tf.Tensor)]

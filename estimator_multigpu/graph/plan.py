@@ -16,8 +16,7 @@ from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu import devices as devices_lib
-from estimator_multigpu import strategies
-from estimator_multigpu.cross_tower import collectives
+from estimator_multigpu import collectives
 from estimator_multigpu.graph import splitting
 from estimator_multigpu.graph import towers as towers_lib
 DevicesOption = Union[None, int, Sequence[str], Sequence[Sequence[str]]]
@@ -56,8 +55,10 @@ class Plan:
     variable_device: where shared variables live; None = the tower's device.
     aggregation_device: where the towers' gradients are combined.
     strategy: the variable strategy's name in `strategies.STRATEGIES`.
+    copies_per_tower: whether that strategy keeps a copy of the variables
+      per tower (then gradients are all-reduced, not aggregated).
     all_reduce: with a copy per tower, how gradients are all-reduced
-      (`allreduce.ALGORITHMS`).
+      (`strategies.all_reduce.ALGORITHMS`).
     gradient_packing_bytes: with a copy per tower, pack dense gradients
       into buffers of at most this many bytes before the all-reduce (0: no).
     group_devices: every tower of the collective group, when it spans other
@@ -68,6 +69,7 @@ class Plan:
   variable_device: Optional[str]
   aggregation_device: str
   strategy: str = "shared"
+  copies_per_tower: bool = False
   all_reduce: str = "collective"
   gradient_packing_bytes: int = 0
   group_devices: Optional[list] = None
@@ -128,7 +130,7 @@ def log_plan(plan: Plan, split: splitting.Split, mode: str) -> None:
   """One INFO line with the plan."""
   per_tower = (split.sizes if split.static else
                "known at run time (sizes differ by at most 1)")
-  if strategies.lookup(plan.strategy).copies_per_tower and mode == "train":
+  if plan.copies_per_tower and mode == "train":
     packing = (f" in buffers of {plan.gradient_packing_bytes / 2**20:g} MiB"
                if plan.gradient_packing_bytes else "")
     variables = (f"a copy per tower; gradients all-reduced by "

@@ -18,7 +18,7 @@ import sys
 import tensorflow as tf
 
 from estimator_multigpu import compat
-from estimator_multigpu.cross_tower import patching
+from estimator_multigpu.graph import patching
 from estimator_multigpu.graph import global_calls
 
 tf1 = tf.compat.v1

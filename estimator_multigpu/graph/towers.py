@@ -21,11 +21,14 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu import devices as devices_lib
-from estimator_multigpu.cross_tower import losses as cross_tower_losses
 from estimator_multigpu.graph import sharing
 
 vs_lib = compat.internal("variable_scope")
 tf1 = tf.compat.v1
+
+# (ratio, global denominator) of every `cross_tower.global_ratio` (gradient
+# accumulation weighs micro-batches by the denominator: `update.accumulation`).
+NORMALIZERS = "estimator_multigpu_global_normalizers"
 
 # Graph collections a tower sees only its own items in; towers 1.. leave
 # nothing behind in them (summaries, update ops, losses and the Savers the
@@ -33,7 +36,7 @@ tf1 = tf.compat.v1
 ISOLATED_COLLECTIONS = (tf1.GraphKeys.LOSSES, tf1.GraphKeys.UPDATE_OPS,
                         tf1.GraphKeys.SUMMARIES, tf1.GraphKeys.SAVERS,
                         tf1.GraphKeys.REGULARIZATION_LOSSES,
-                        cross_tower_losses.NORMALIZERS)
+                        NORMALIZERS)
 
 @dataclasses.dataclass
 class OptimizerCall:

@@ -50,7 +50,7 @@ import tensorflow as tf
 from estimator_multigpu import compat
 from estimator_multigpu.cross_tower import regularization
 from estimator_multigpu.graph import writes
-from estimator_multigpu.strategies import allreduce
+from estimator_multigpu.strategies import all_reduce as all_reduce_lib
 from estimator_multigpu.strategies import base
 from estimator_multigpu.strategies import shared
 
@@ -204,7 +204,7 @@ class ReplicatedVariables(shared.SharedVariables):
       tower_grads = [[g for g, _ in pairs] for pairs in tower_pairs]
       base.warn_no_gradient(tower_grads, variables)
       with tf.name_scope("all_reduce"):
-        summed, carried = allreduce.all_reduce(
+        summed, carried = all_reduce_lib.all_reduce(
             tower_grads, variables, [tower.device for tower in towers],
             self.plan.all_reduce, self.plan.gradient_packing_bytes,
             self.plan.aggregation_device, self.plan.collective_group,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 
 from estimator_multigpu import compat
-from estimator_multigpu.cross_tower import patching
+from estimator_multigpu.graph import patching
 from estimator_multigpu.update import tower_optimizer
 
 _FUNCTIONS = ("get_optimizer_instance", "get_optimizer_instance_v2")

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import cluster
-from estimator_multigpu.cluster import job_control
+from estimator_multigpu.cluster.ps import job as ps_job
 
 tf1 = tf.compat.v1
 W0 = np.full((3, 2), 0.5, np.float32)
@@ -91,7 +91,7 @@ def run(args) -> int:
   task = cluster.resolve_task(args.ps_hosts, args.worker_hosts, args.job_name,
                               args.task_index, os.environ.get("TF_CONFIG"))
   if task.type == cluster.PS:
-    job_control.serve_ps(task, linger_secs=30)
+    ps_job.serve_ps(task, linger_secs=30)
     return 0
   os.environ["TF_CONFIG"] = task.tf_config()
   base = emg.make_session_config(num_cpus=2)
@@ -104,7 +104,7 @@ def run(args) -> int:
           session_config=cluster.session_config(task, base)))
   trainer = 0 if task.is_chief else task.index + 1
   input_fn = lambda: tf.data.Dataset.from_tensors(shard(trainer)).repeat()
-  job_control.run_trainer(
+  ps_job.run_trainer(
       task, lambda hooks: estimator.train(input_fn, max_steps=args.max_steps,
                                           hooks=hooks),
       sync_replicas=args.sync_replicas, base_config=base,

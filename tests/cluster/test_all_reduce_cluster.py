@@ -204,10 +204,10 @@ def test_train_py_all_reduce_job_through_the_launcher(tmp_path):
 def test_a_failed_step_with_a_dead_peer_ends_with_the_same_line():
   """TensorFlow may raise before the watch's timeout: the task still ends
   with one line naming the peer (here: nothing listens on the port)."""
-  from estimator_multigpu.cluster import health  # pylint: disable=g-import-not-at-top
+  from estimator_multigpu.cluster.all_reduce import peer_probe  # pylint: disable=g-import-not-at-top
   port = launch.free_ports(1)[0]
   lines = []
-  watch = health.PeerWatch({"worker:0": f"localhost:{port}"}, 60,
+  watch = peer_probe.PeerWatch({"worker:0": f"localhost:{port}"}, 60,
                            on_dead=lines.append)
   watch.end_if_a_peer_is_gone()
   assert len(lines) == 1 and lines[0].startswith(

@@ -24,7 +24,7 @@ import tensorflow as tf
 import estimator_multigpu as emg
 import classifier
 from estimator_multigpu import cluster
-from estimator_multigpu.cluster import job_control
+from estimator_multigpu.cluster.ps import job as ps_job
 from estimator_multigpu.cluster import launch
 import linear_cluster
 import train
@@ -405,7 +405,7 @@ def test_watchdog_reports_a_ps_that_stops_answering():
   task = cluster.task_from_flags([f"localhost:{ps_port}"],
                                  [f"localhost:{worker_port}"], "worker", 0)
   lost, start = [], time.monotonic()
-  with job_control.PsWatchdog(task, patience_secs=1.0, probe_secs=0.2,
+  with ps_job.PsWatchdog(task, patience_secs=1.0, probe_secs=0.2,
                               on_lost=lambda *args: lost.append(args)):
     wait_until(lambda: lost, 30, "the watchdog's report")
   [(index, silent)] = lost

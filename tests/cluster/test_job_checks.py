@@ -10,9 +10,9 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import cluster
-from estimator_multigpu.cluster import agreement
-from estimator_multigpu.cluster import board_entries
-from estimator_multigpu.cluster import job_watch
+from estimator_multigpu.cluster.all_reduce import agreement
+from estimator_multigpu.cluster.all_reduce import board_entries
+from estimator_multigpu.cluster.all_reduce import heartbeat
 from cli import cluster_task
 from cli import settings as settings_lib
 from cli.model_dir import run_config
@@ -152,14 +152,14 @@ class FakeBoard:
 def now(monkeypatch):
   """The job watch's clock, moved by hand: now[0] += seconds."""
   clock = [100.0]
-  monkeypatch.setattr(job_watch.time, "monotonic", lambda: clock[0])
+  monkeypatch.setattr(heartbeat.time, "monotonic", lambda: clock[0])
   return clock
 
 
 def make_watch(board, timeout=10.0, me="chief:0"):
   names = {"chief:0": "worker --task_index=0 (the chief)",
            "worker:0": "worker --task_index=1"}
-  return job_watch.JobWatch(board, me, names, job_watch.Progress(),
+  return heartbeat.JobWatch(board, me, names, heartbeat.Progress(),
                             timeout, on_end=lambda line: None)
 
 
@@ -177,7 +177,7 @@ def test_a_peer_whose_heartbeat_stops_is_named_after_the_timeout(now):
 def test_every_task_in_a_step_with_none_finished_is_a_stuck_step(now):
   board = FakeBoard()
   watch = make_watch(board)
-  watch._progress.phase, watch._progress.steps = job_watch.STEP, 3
+  watch._progress.phase, watch._progress.steps = heartbeat.STEP, 3
   watch._progress.slowest = 0.5
   for beat in range(1, 14):
     board.post("beat/worker:0", {"beat": beat, "steps": 3, "phase": "step",
@@ -188,7 +188,7 @@ def test_every_task_in_a_step_with_none_finished_is_a_stuck_step(now):
     now[0] += 2
   assert line.startswith("no task has finished a step for 22 s (allowance "
                          "20 s): every task is inside step 4"), line
-  watch._progress.phase = job_watch.IDLE  # saving: never stuck.
+  watch._progress.phase = heartbeat.IDLE  # saving: never stuck.
   assert watch._check(99) is None
 
 

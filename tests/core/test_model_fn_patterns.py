@@ -123,9 +123,9 @@ BATCH_NORMS = {
 @pytest.mark.parametrize("kind", sorted(BATCH_NORMS))
 def test_batch_norm_without_sync_warns_once(kind, session_config,
                                             monkeypatch):
-  from estimator_multigpu.cross_tower import layers  # pylint: disable=g-import-not-at-top
+  from estimator_multigpu.cross_tower import sync_batch_norm  # pylint: disable=g-import-not-at-top
   warnings = []
-  monkeypatch.setattr(layers.warn_once.logging, "warning",
+  monkeypatch.setattr(sync_batch_norm.warn_once.logging, "warning",
                       lambda msg, *args: warnings.append(msg % args))
 
   def model_fn(features, labels, mode):

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
-from estimator_multigpu.strategies import allreduce
+from estimator_multigpu.strategies import all_reduce as all_reduce_lib
 import harness
 
 tf1 = tf.compat.v1
@@ -92,7 +92,7 @@ def test_copies_stay_bit_identical_and_match_shared(mode, session_config):
   assert values["global_step"] == 20
 
 
-@pytest.mark.parametrize("algorithm", allreduce.ALGORITHMS)
+@pytest.mark.parametrize("algorithm", all_reduce_lib.ALGORITHMS)
 @pytest.mark.parametrize("packing_bytes", [0, 40])
 def test_all_reduce_gives_every_tower_the_sum(algorithm, packing_bytes,
                                               session_config):
@@ -112,7 +112,7 @@ def test_all_reduce_gives_every_tower_the_sum(algorithm, packing_bytes,
         grads.append([tf.constant(dense[tower]),
                       None if tower == 1 else tf.constant(vector[tower]),
                       None if tower == 2 else sparse, None])
-    summed, _ = allreduce.all_reduce(grads, variables, devices, algorithm,
+    summed, _ = all_reduce_lib.all_reduce(grads, variables, devices, algorithm,
                                      packing_bytes, devices[0])
     assert all(isinstance(s[2], tf.IndexedSlices) and s[3] is None
                for s in summed)
@@ -131,7 +131,7 @@ def test_all_reduce_gives_every_tower_the_sum(algorithm, packing_bytes,
       np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("algorithm", allreduce.ALGORITHMS)
+@pytest.mark.parametrize("algorithm", all_reduce_lib.ALGORITHMS)
 @pytest.mark.parametrize("packing_bytes", [0, 40, 1 << 20])
 def test_a_carried_scalar_is_summed_with_the_gradients(algorithm,
                                                       packing_bytes,
@@ -151,7 +151,7 @@ def test_a_carried_scalar_is_summed_with_the_gradients(algorithm,
       with tf.device(device):
         grads.append([tf.constant(dense[tower]), tf.constant(vector[tower])])
         carry.append(tf.constant(losses[tower]))
-    summed, carried = allreduce.all_reduce(
+    summed, carried = all_reduce_lib.all_reduce(
         grads, variables, devices, algorithm, packing_bytes, devices[0],
         carry=carry)
     assert [s.shape.as_list() for s in summed[1]] == [[3, 2], [5]]

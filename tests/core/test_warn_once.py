@@ -4,7 +4,7 @@ A second model with the same problem is warned about again (it was once per
 process: the second model of a process was silent); the same model built
 again (Estimator's next `train` call) is not. Three warnings found while
 building: per-tower gradient noise (`update.clipping`), batch norm over each
-tower's shard (`cross_tower.layers`), a clip inside the model_fn.
+tower's shard (`cross_tower.sync_batch_norm`), a clip inside the model_fn.
 """
 
 import logging

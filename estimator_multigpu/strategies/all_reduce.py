@@ -15,7 +15,7 @@ tensorpack's 'nccl' / 'cpu' / 'hierarchical' modes):
   tasks once by that tower alone, and read back by the task's other towers:
   the bytes between tasks are one tower's, however many towers a task has.
 
-Collectives go through the one collectives layer (`cross_tower.collectives`):
+Collectives go through the one collectives layer (`collectives`):
 one key space, and one launch order on every device, last variable first
 (the order in which the backward pass produces gradients). `IndexedSlices`
 stay sparse: their values and indices are gathered (a padded all-gather),
@@ -33,7 +33,7 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from estimator_multigpu.cross_tower import collectives
+from estimator_multigpu import collectives
 
 tf1 = tf.compat.v1
 

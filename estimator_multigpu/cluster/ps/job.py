@@ -29,19 +29,19 @@ from typing import Any, Callable, Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.cluster.control import CONTROL_TIMEOUT_SECS
-from estimator_multigpu.cluster.control import control_session
-from estimator_multigpu.cluster.control import done_queue
-from estimator_multigpu.cluster.control import ended_queue
-from estimator_multigpu.cluster.control import job_ended
-from estimator_multigpu.cluster.control import ps_endpoint
-from estimator_multigpu.cluster.control import ready_queue
-from estimator_multigpu.cluster.control import run_with_timeout
-from estimator_multigpu.cluster.control import size_and_dequeue
+from estimator_multigpu.cluster.ps.control_queues import CONTROL_TIMEOUT_SECS
+from estimator_multigpu.cluster.ps.control_queues import control_session
+from estimator_multigpu.cluster.ps.control_queues import done_queue
+from estimator_multigpu.cluster.ps.control_queues import ended_queue
+from estimator_multigpu.cluster.ps.control_queues import job_ended
+from estimator_multigpu.cluster.ps.control_queues import ps_endpoint
+from estimator_multigpu.cluster.ps.control_queues import ready_queue
+from estimator_multigpu.cluster.ps.control_queues import run_with_timeout
+from estimator_multigpu.cluster.ps.control_queues import size_and_dequeue
 from estimator_multigpu.cluster.task import CHIEF, PS, Task, exit_process
 from estimator_multigpu.cluster.task import start_server
-from estimator_multigpu.cluster.watchdogs import ChiefWatch
-from estimator_multigpu.cluster.watchdogs import PsWatchdog
+from estimator_multigpu.cluster.ps.watchdogs import ChiefWatch
+from estimator_multigpu.cluster.ps.watchdogs import PsWatchdog
 
 tf1 = tf.compat.v1
 

@@ -6,10 +6,10 @@ collective group leader, and non-chief workers wait for variables nobody
 initializes. This drop-in, with the same signature, does what such a job
 needs and hands everything else to TensorFlow's:
 
-- chief and workers of an all-reduce cluster (`all_reduce_job`): start the
+- chief and workers of an all-reduce cluster (`servers`): start the
   server with the session config's devices and the group leader, give the
   Estimator's sessions the leader too, then train under a `PeerWatch`
-  (`health`: a process gone) and a `JobGuard` (`job_guard`: heartbeats,
+  (`peer_probe`: a process gone) and a `JobGuard` (`guard`: heartbeats,
   the tasks' settings compared, stop signals), every task on its own
   `input_fn`;
 - anything else (no cluster, a ps cluster, the evaluator): TensorFlow's
@@ -24,11 +24,12 @@ from typing import Any, Callable, Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.cluster import all_reduce_job
-from estimator_multigpu.cluster import health
-from estimator_multigpu.cluster import job_guard
-from estimator_multigpu.cluster import job_watch
-from estimator_multigpu.cross_tower import collectives
+from estimator_multigpu.cluster.all_reduce import servers
+from estimator_multigpu.cross_tower import across_tasks
+from estimator_multigpu.cluster.all_reduce import peer_probe
+from estimator_multigpu.cluster.all_reduce import guard
+from estimator_multigpu.cluster.all_reduce import heartbeat
+from estimator_multigpu import collectives
 
 tf1 = tf.compat.v1
 _GUARDS: list = []  # the running task's JobGuard (`abandon`).
@@ -37,7 +38,7 @@ _GUARDS: list = []  # the running task's JobGuard (`abandon`).
 def train_and_evaluate(estimator: tf.estimator.Estimator,
                        train_spec: tf.estimator.TrainSpec,
                        eval_spec: tf.estimator.EvalSpec, *,
-                       peer_timeout_secs: float = health.DEFAULT_TIMEOUT_SECS
+                       peer_timeout_secs: float = peer_probe.DEFAULT_TIMEOUT_SECS
                        ) -> Any:
   """Trains (and evaluates) like `tf.estimator.train_and_evaluate`.
 
@@ -53,7 +54,7 @@ def train_and_evaluate(estimator: tf.estimator.Estimator,
     TensorFlow's result; (None, None) on the chief and workers of an
     all-reduce cluster, whose evaluator evaluates the chief's checkpoints.
   """
-  cluster = all_reduce_job.AllReduceCluster.from_run_config(estimator.config)
+  cluster = across_tasks.AllReduceCluster.from_run_config(estimator.config)
   if cluster is None:
     return tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
   run_task(estimator, lambda hooks: estimator.train(
@@ -65,7 +66,7 @@ def train_and_evaluate(estimator: tf.estimator.Estimator,
 
 def run_task(estimator: tf.estimator.Estimator,
              train: Callable[[list], Any],
-             peer_timeout_secs: float = health.DEFAULT_TIMEOUT_SECS, *,
+             peer_timeout_secs: float = peer_probe.DEFAULT_TIMEOUT_SECS, *,
              max_steps: Optional[int] = None, names: Optional[dict] = None,
              settings: Optional[dict] = None,
              setting_names: Optional[dict] = None,
@@ -73,7 +74,7 @@ def run_task(estimator: tf.estimator.Estimator,
              on_stop: Callable[[int], None] = lambda number: None,
              grace_secs: float = 30.0) -> Any:
   """Starts this all-reduce task's server, then `train(hooks)` under a
-  `PeerWatch` and a `job_guard.JobGuard`; returns what `train` returned
+  `PeerWatch` and a `guard.JobGuard`; returns what `train` returned
   (None when the chief has nothing left to train).
 
   Args:
@@ -87,7 +88,7 @@ def run_task(estimator: tf.estimator.Estimator,
     settings: {setting: value} every task must share; `setting_names`:
       {setting: how the user sets it}.
     stop_received: the stop signal received, if any (`SignalStop`): the
-      job then stops at one step, the chief saving it (`job_stop`; one
+      job then stops at one step, the chief saving it (`stop_signal`; one
       small board call per step). None: no stop is agreed.
     on_stop: called with the signal when the job stopped so (this task's
       one line is logged).
@@ -98,7 +99,7 @@ def run_task(estimator: tf.estimator.Estimator,
       cluster's chief or worker.
     OSError: this task's address cannot be listened on.
   """
-  cluster = all_reduce_job.AllReduceCluster.from_run_config(estimator.config)
+  cluster = across_tasks.AllReduceCluster.from_run_config(estimator.config)
   if cluster is None:
     raise ValueError(
         "run_task needs TF_CONFIG to describe a chief or worker of a cluster "
@@ -109,10 +110,10 @@ def run_task(estimator: tf.estimator.Estimator,
   logging.info("All-reduce task %s of %d started at %s",
                cluster.tasks[cluster.position], len(cluster.tasks),
                server.target)
-  guard = job_guard.JobGuard(cluster, server.target, estimator.model_dir,
+  guard = guard.JobGuard(cluster, server.target, estimator.model_dir,
                              peer_timeout_secs, names, settings,
                              setting_names, stop_received)
-  with health.PeerWatch(peers(cluster, guard.names), peer_timeout_secs,
+  with peer_probe.PeerWatch(peers(cluster, guard.names), peer_timeout_secs,
                         on_dead=guard.peer_gone) as watch, guard, _current(
                             guard):
     guard.watch_stop(grace_secs)
@@ -131,7 +132,7 @@ def run_task(estimator: tf.estimator.Estimator,
 
 
 @contextlib.contextmanager
-def _current(guard: job_guard.JobGuard):
+def _current(guard: guard.JobGuard):
   """`abandon` reaches the running task's guard."""
   _GUARDS.append(guard)
   try:
@@ -145,13 +146,13 @@ def abandon(signal_number: int, waited_secs: float) -> None:
   whose step did not finish; one line, exit 128 + signal."""
   if _GUARDS:
     _GUARDS[-1].abandon(signal_number, waited_secs)
-  job_watch.end_task(
+  heartbeat.end_task(
       f"Signal {signal_number} arrived {waited_secs:.0f} s ago, but this "
       "task has not stopped; exiting without a final checkpoint (the "
       "newest checkpoint in the model dir stands).", 128 + signal_number)
 
 
-def start_server(cluster: all_reduce_job.AllReduceCluster,
+def start_server(cluster: across_tasks.AllReduceCluster,
                  estimator: tf.estimator.Estimator) -> tf.distribute.Server:
   """This task's server, and the Estimator's sessions, with the group leader
   and the session config's devices.
@@ -159,7 +160,7 @@ def start_server(cluster: all_reduce_job.AllReduceCluster,
   Raises:
     OSError: the server cannot listen on this task's address.
   """
-  config = all_reduce_job.server_config(cluster,
+  config = servers.server_config(cluster,
                                         estimator.config.session_config)
   estimator._session_config = config  # pylint: disable=protected-access
   address = cluster.cluster[cluster.task_type][cluster.task_index]
@@ -176,7 +177,7 @@ def start_server(cluster: all_reduce_job.AllReduceCluster,
         "task a free port, the same in every task's cluster.") from error
 
 
-def peers(cluster: all_reduce_job.AllReduceCluster,
+def peers(cluster: across_tasks.AllReduceCluster,
           names: Optional[dict] = None) -> dict:
   """{task name (as started): address} of the other training tasks."""
   addresses = {f"{job}:{index}": address

@@ -16,9 +16,9 @@ from typing import Callable, Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.cluster.control import chief_answers
-from estimator_multigpu.cluster.control import job_ended
-from estimator_multigpu.cluster.control import ps_answers
+from estimator_multigpu.cluster.ps.control_queues import chief_answers
+from estimator_multigpu.cluster.ps.control_queues import job_ended
+from estimator_multigpu.cluster.ps.control_queues import ps_answers
 from estimator_multigpu.cluster.task import CHIEF, Task, exit_process
 
 tf1 = tf.compat.v1

@@ -4,7 +4,7 @@ collective the package builds.
 A `Group` is every tower of a step: tasks × local towers (one task without
 a cluster). Two kinds of callers use it, with one key space per graph:
 
-- `launch` (the gradient all-reduce, `strategies.allreduce`): one collective
+- `launch` (the gradient all-reduce, `strategies.all_reduce`): one collective
   issued on all of this graph's towers at once, chained after the previous
   `launch` on each device, so every device starts them in the same order
   (NCCL deadlocks otherwise).

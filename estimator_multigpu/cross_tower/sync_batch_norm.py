@@ -38,10 +38,10 @@ import tensorflow as tf
 
 
 from estimator_multigpu import compat
-from estimator_multigpu.cross_tower import collectives
+from estimator_multigpu import collectives
 from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.cross_tower import moments
-from estimator_multigpu.cross_tower import patching
+from estimator_multigpu.graph import patching
 from estimator_multigpu.graph import warn_once
 
 tf1 = tf.compat.v1

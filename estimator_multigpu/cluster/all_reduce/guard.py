@@ -3,7 +3,7 @@
 `JobGuard` wraps one task's training (`all_reduce_training.run_task`):
 
 - the job's board on the chief's server (`board`) and the heartbeat watch
-  (`job_watch.JobWatch`): a stopped or stuck peer ends every task;
+  (`heartbeat.JobWatch`): a stopped or stuck peer ends every task;
 - before anything is built, a first exchange (`agreement`) of the job's
   identity (the cluster lists; the job token keys the board) and the
   caller's settings,
@@ -13,7 +13,7 @@
 - in the training graph's `begin` (built, no session yet, no collective
   run), a second exchange of what the graph holds (`graph` round);
 - a stop signal to any task: the job stops at one agreed step and the
-  chief saves it (`job_stop`); a task whose step does not finish within
+  chief saves it (`stop_signal`); a task whose step does not finish within
   the grace time leaves without a final checkpoint, saying which stands
   (`abandon`).
 """
@@ -28,10 +28,10 @@ from typing import Callable, Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.cluster import agreement
-from estimator_multigpu.cluster import board as board_lib
-from estimator_multigpu.cluster import job_stop
-from estimator_multigpu.cluster import job_watch
+from estimator_multigpu.cluster.all_reduce import agreement
+from estimator_multigpu.cluster.all_reduce import board as board_lib
+from estimator_multigpu.cluster.all_reduce import stop_signal
+from estimator_multigpu.cluster.all_reduce import heartbeat
 
 tf1 = tf.compat.v1
 
@@ -44,7 +44,7 @@ class JobGuard:
   """One all-reduce task's guard (a context manager around training).
 
   Args:
-    cluster: the task's `all_reduce_job.AllReduceCluster`.
+    cluster: the task's `cross_tower.across_tasks.AllReduceCluster`.
     target: this task's server target.
     model_dir: the Estimator's model dir.
     timeout_secs: `peer_timeout_secs`.
@@ -71,11 +71,11 @@ class JobGuard:
         target, cluster.tasks[cluster.position], cluster.leader,
         token=os.environ.get(TOKEN_VARIABLE, "(none)"), me=self.me,
         started=f"{self.name()} at {self._cluster_address(self.me)}")
-    self.progress = job_watch.Progress()
-    self.stop = job_stop.JobStop(self.board, self.me, cluster.is_chief,
+    self.progress = heartbeat.Progress()
+    self.stop = stop_signal.JobStop(self.board, self.me, cluster.is_chief,
                                  self.name, received or (lambda: None))
     self._agrees_stops = received is not None
-    self._watch = job_watch.JobWatch(self.board, self.me, self.names,
+    self._watch = heartbeat.JobWatch(self.board, self.me, self.names,
                                      self.progress, timeout_secs,
                                      on_end=self._watch_end)
 
@@ -139,9 +139,9 @@ class JobGuard:
 
   def hooks(self) -> list:
     """The hooks to run first in the task's `Estimator.train`."""
-    stops = ([job_stop.StopHook(self.stop, lambda: self.progress.steps)]
+    stops = ([stop_signal.StopHook(self.stop, lambda: self.progress.steps)]
              if self._agrees_stops else [])
-    return [job_watch.ProgressHook(self.progress), *stops, _GraphCheck(self)]
+    return [heartbeat.ProgressHook(self.progress), *stops, _GraphCheck(self)]
 
   def check_graph(self, graph: tf.Graph) -> None:
     """The second exchange: what the training graph holds."""
@@ -149,7 +149,7 @@ class JobGuard:
 
   def _exchange(self, round_name: str, mine: dict) -> dict:
     if self._cluster.is_chief and round_name == "hello":
-      mine["chief step"] = job_stop.checkpoint_step(self._model_dir)
+      mine["chief step"] = stop_signal.checkpoint_step(self._model_dir)
     try:
       return agreement.exchange(
           lambda entry: self.board.post(f"{round_name}/{self.me}", entry),
@@ -196,8 +196,8 @@ class JobGuard:
           linger: Optional[str] = None) -> None:
     """Posts why this task ends, logs the line, exits with `status` (the
     first caller only: another thread's end waits for the exit)."""
-    if not job_watch.claim_end():
-      job_watch.wait_for_exit()
+    if not heartbeat.claim_end():
+      heartbeat.wait_for_exit()
     try:
       if self.board.connected and not self._foreign_chief:  # else the
         # chief never answered, or is another job's.
@@ -208,10 +208,10 @@ class JobGuard:
       self._linger(linger)
     elif self._cluster.is_chief:  # the peers' next read finds the line.
       time.sleep(_END_LINGER_SECS)
-    job_watch.log_and_exit(line, status)
+    heartbeat.log_and_exit(line, status)
 
   def peer_gone(self, line: str) -> None:
-    """`health.PeerWatch`'s end: a peer that posted why it ended is named
+    """`peer_probe.PeerWatch`'s end: a peer that posted why it ended is named
     by its own line, else by `line`. During an agreed stop a peer that
     left is no fault."""
     if self.stop.stopping:
@@ -272,7 +272,7 @@ class JobGuard:
   def abandon(self, signal_number: int, waited_secs: float) -> None:
     """A stop signal whose step did not finish in time: leave without a
     final checkpoint (the newest one stands)."""
-    line = (f"{self.name()}: {job_stop.signal_name(signal_number)} arrived "
+    line = (f"{self.name()}: {stop_signal.signal_name(signal_number)} arrived "
             f"{waited_secs:.0f} s ago, but this task has not stopped: its "
             "step (or final save) has not finished (an all-reduce step waits "
             "for every task: is one stopped or gone?). Exiting without a "

@@ -1,6 +1,6 @@
 """A peer that stops making progress ends the job, by its heartbeat.
 
-A TCP probe (`health.PeerWatch`) finds a peer whose process is gone, but a
+A TCP probe (`peer_probe.PeerWatch`) finds a peer whose process is gone, but a
 stopped process (SIGSTOP, a frozen VM) still accepts connections, and a
 step stuck in one task leaves every other task waiting in the all-reduce.
 `JobWatch`, a thread beside training, posts this task's heartbeat on the

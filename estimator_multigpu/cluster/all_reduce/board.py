@@ -6,7 +6,7 @@ every task's gRPC server runs ops for the others. The board is one table
 chief's CPU; every task writes its own entries into it and reads them all
 through a side session on its own server, each call bounded by a timeout.
 It carries what must not wait on a collective: each task's heartbeat and
-step count (`job_watch`), the settings the tasks compare before their first
+step count (`heartbeat`), the settings the tasks compare before their first
 step (`agreement`), and why a task ended.
 
 An entry is named (`beat/worker:0`) and sealed with the job token
@@ -26,7 +26,7 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.cluster import board_entries
+from estimator_multigpu.cluster.all_reduce import board_entries
 
 tf1 = tf.compat.v1
 

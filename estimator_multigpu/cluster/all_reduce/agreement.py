@@ -10,7 +10,7 @@ involved) and compares it with every other task's:
 - `identity`: the cluster (TF_CONFIG's lists). A task of another job (another
   `EMG_JOB_TOKEN`) never gets this far: it cannot read this job's entries
   (`board_entries`) and is refused by name before any exchange
-  (`job_guard`). A guard against mistakes, not authentication: anyone who
+  (`guard`). A guard against mistakes, not authentication: anyone who
   reaches the port can run any graph.
 - `settings`: what the caller says must match (train.py: its table of
   settings, `cli/model_dir/run_settings.py`).
