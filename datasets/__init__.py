@@ -28,7 +28,7 @@ from datasets.tfrecord import read_label_file
 from datasets.tfrecord import tfrecord_dataset
 from datasets.tfrecord import write_label_file
 
-_LAZY = {'convert_image_folder': 'convert', 'list_image_folder': 'convert'}
+_LAZY = {'convert_image_folder': 'convert', 'list_image_folder': 'image_folder'}
 
 __all__ = [
     'DATASET_NAMES',

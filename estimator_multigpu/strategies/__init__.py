@@ -9,8 +9,8 @@ through `placement`, `sharing_scope`, `combine` and `apply`
 - `shared.SharedVariables` ("shared"): one copy on the aggregation device,
   gradients summed there, one update.
 - `replicated.ReplicatedVariables` ("replicated"): a copy per tower,
-  gradients all-reduced (`allreduce`), every tower applies the same update.
-  TRAIN graphs only.
+  gradients all-reduced (`all_reduce`), every tower applies the same update;
+  what it refuses is `replicated_refusals`. TRAIN graphs only.
 - `asynchronous.AsyncTowers` ("async", `synchronization="async"`): shared
   variables, every tower applies its own gradient. TRAIN graphs only.
 

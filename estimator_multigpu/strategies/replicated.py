@@ -14,16 +14,15 @@ tf_cnn_benchmarks' `replicated` mode, tensorpack's
   variables match), over tower 0's `var_list` of the same call (a list
   filtered by op name in Python is empty in tower i). A transform that
   treats tower i's gradients differently (a dict keyed by the tower's own
-  copy) is a WARNING (`base.warn_if_transformed_differently`). A
-  copy's initializer reads tower 0's variable, and Estimator runs the local
-  initializers after the global ones or a restore, so the copies start equal
-  to tower 0's values, restored or fresh. Inside tower i,
-  `tf.compat.v1.trainable_variables()` lists the tower's copies and
-  REGULARIZATION_LOSSES holds the regularizers of those copies (a
-  `get_variable` regularizer is applied to the copy). Everything
-  else (batch-norm statistics, metric state, `global_step`) is tower 0's,
-  shared as in "shared" mode.
-- Each step the towers' weighted gradients are all-reduced (`allreduce`) and
+  copy) is a WARNING (`base.warn_if_transformed_differently`). A copy's
+  initializer reads tower 0's variable, and Estimator runs the local
+  initializers after the global ones or a restore, so the copies start
+  equal to tower 0's values, restored or fresh. Inside tower i,
+  `trainable_variables()` lists the tower's copies and REGULARIZATION_LOSSES
+  their regularizers (a `get_variable` regularizer is applied to the copy).
+  The rest (batch-norm statistics, metric state, `global_step`) is tower
+  0's, shared as in "shared" mode.
+- Each step the towers' weighted gradients are all-reduced (`all_reduce`) and
   every tower applies the same sum with its own copy of the optimizer, whose
   slots (`tower_<i>/<tower 0's slot name>`) are local too and start from
   tower 0's. Identical inputs and identical ops keep the copies bit-identical.
@@ -49,9 +48,9 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.cross_tower import regularization
-from estimator_multigpu.graph import writes
 from estimator_multigpu.strategies import all_reduce as all_reduce_lib
 from estimator_multigpu.strategies import base
+from estimator_multigpu.strategies import replicated_refusals as refusals
 from estimator_multigpu.strategies import shared
 
 ref_variable = compat.internal("ref_variable")
@@ -196,7 +195,7 @@ class ReplicatedVariables(shared.SharedVariables):
     """All-reduces each optimizer call's gradients: one sum per tower."""
     updates = []
     for position, calls in enumerate(base.calls_by_position(towers)):
-      _refuse_sync_replicas(calls[0].optimizer)
+      refusals.refuse_sync_replicas(calls[0].optimizer)
       tower_pairs = [self._as_tower0_variables(call.grads_and_vars)
                      for call in calls]
       base.check_variables_line_up(tower_pairs)
@@ -257,8 +256,8 @@ class ReplicatedVariables(shared.SharedVariables):
           pairs, None, first.name))
     own = {v.op for v in made} | {copy.op for (index, _), copy in
                                   self._copies.items() if index == tower.index}
-    _refuse_shared_writes(first.optimizer.wrapped, tower,
-                          graph.get_operations()[start:], own)
+    refusals.refuse_shared_writes(first.optimizer.wrapped, tower,
+                                  graph.get_operations()[start:], own)
     return applied
 
 
@@ -315,39 +314,7 @@ def _local_state_scope(tower, tower0_state: list):
     yield made
 
 
-def _refuse_shared_writes(optimizer, tower, ops: list, own: set) -> None:
-  """Tower `tower`'s apply may write only its own copies and state.
-
-  Raises:
-    ValueError: it writes a variable every tower shares (state the
-      optimizer made outside its apply, `global_step`): it would move once
-      per tower per step.
-  """
-  shared_writes = sorted({w.variable.name for op in ops
-                          for w in writes.writes_of(op)
-                          if w.variable not in own})
-  if shared_writes:
-    raise ValueError(
-        f"{type(optimizer).__name__}'s apply_gradients writes "
-        f"`{shared_writes[0]}`, a variable it did not make in its apply (made "
-        "in the model_fn or the optimizer's constructor, or global_step), so "
-        "with variable_update='replicated', where every tower applies the "
-        f"update with a copy of the optimizer, it would move {tower.index + 1}"
-        " or more times per step. Make it in apply_gradients or _create_slots"
-        " (or leave global_step to the global_step argument), or pass "
-        "variable_update='shared'.")
-
-
 def _step_once(applies: list) -> tf.Operation:
   """Groups the towers' updates. `global_step` moves with tower 0's, as
   the wrapped optimizer moves it on one device (BERT's leaves it alone)."""
   return tf.group(*applies, name="replicated_update")
-
-
-def _refuse_sync_replicas(optimizer) -> None:
-  if isinstance(optimizer.wrapped, tf1.train.SyncReplicasOptimizer):
-    raise ValueError(
-        "`SyncReplicasOptimizer` was given with variable_update='replicated'. "
-        "It aggregates gradients on parameter servers, which hold one copy "
-        "of each variable; the replicated mode keeps a copy per tower. Use "
-        "variable_update='shared' with SyncReplicasOptimizer.")

@@ -278,7 +278,7 @@ def run_trainer(task: Task, train: Callable[[list], Any], *,
   Raises:
     RuntimeError: the job on these ps tasks has already ended.
   """
-  server = start_server(task, base_config)  # pylint: disable=unused-variable
+  _server = start_server(task, base_config)  # kept alive while training
   wait_for_ps(task, ps_wait_secs)
   if job_ended(task, timeout_secs=1.0):
     raise RuntimeError(
