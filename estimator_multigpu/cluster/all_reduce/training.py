@@ -27,7 +27,7 @@ import tensorflow as tf
 from estimator_multigpu.cluster.all_reduce import servers
 from estimator_multigpu.cross_tower import across_tasks
 from estimator_multigpu.cluster.all_reduce import peer_probe
-from estimator_multigpu.cluster.all_reduce import guard
+from estimator_multigpu.cluster.all_reduce import guard as guard_lib
 from estimator_multigpu.cluster.all_reduce import heartbeat
 from estimator_multigpu import collectives
 
@@ -110,12 +110,12 @@ def run_task(estimator: tf.estimator.Estimator,
   logging.info("All-reduce task %s of %d started at %s",
                cluster.tasks[cluster.position], len(cluster.tasks),
                server.target)
-  guard = guard.JobGuard(cluster, server.target, estimator.model_dir,
+  guard = guard_lib.JobGuard(cluster, server.target, estimator.model_dir,
                              peer_timeout_secs, names, settings,
                              setting_names, stop_received)
   with peer_probe.PeerWatch(peers(cluster, guard.names), peer_timeout_secs,
-                        on_dead=guard.peer_gone) as watch, guard, _current(
-                            guard):
+                            on_dead=guard.peer_gone) as watch, guard, _current(
+                                guard):
     guard.watch_stop(grace_secs)
     if not guard.greet(max_steps):
       return None
@@ -132,7 +132,7 @@ def run_task(estimator: tf.estimator.Estimator,
 
 
 @contextlib.contextmanager
-def _current(guard: guard.JobGuard):
+def _current(guard: guard_lib.JobGuard):
   """`abandon` reaches the running task's guard."""
   _GUARDS.append(guard)
   try:
