@@ -6,8 +6,17 @@ Typical use::
   input_fn = datasets.make_input_fn('digits', 'train', batch_size=64)
   estimator.train(input_fn, max_steps=1000)
 
-The converter (`convert_image_folder`, `list_image_folder`; its command line
-is ``python convert.py``) is loaded on first use.
+- `datasets_factory`: one entry point, `get_dataset` / `make_input_fn`, over
+  `digits` (scikit-learn's 8x8 digits), `synthetic` (random images in the
+  graph) and `tfrecord` (sharded records of encoded images, tf-slim style);
+  `_pipeline` is their shared checks and shuffle/repeat/batch tail, and
+  `record_checks` names the file (and record) of a broken record.
+- The converter (`convert_image_folder`, `list_image_folder`; its command
+  line is ``python convert.py``), loaded on first use: `convert` writes the
+  shards all or nothing, `image_folder` reads the class subfolders,
+  `image_formats` and `exif` tell a file's format and orientation,
+  `convert_tally` counts what was written and skipped, and `split_record`
+  checks a split is whole.
 """
 
 import importlib

@@ -9,9 +9,10 @@ otherwise run a "GPU" tower silently on the CPU.
 Single-machine recipes: `pin_gpus([1, 3])` restricts the process to chosen
 GPUs before TensorFlow initialises them; `make_session_config` sets virtual
 CPUs, GPU memory growth and a GPU memory fraction; `local_devices()` and
-`physical_devices()` list the devices (see `estimator_multigpu.topology` for
-what each initialises); `python -m estimator_multigpu.devices` prints them
-with the GPUs' peer-access matrix and the aggregation device.
+`physical_devices()` list the devices (`topology`: the listings, what each
+initialises, the GPUs' peer access and the aggregation device;
+`gpu_visibility`: which GPUs the process may see, behind `pin_gpus`);
+`python -m estimator_multigpu.devices` prints them.
 """
 
 from __future__ import annotations
