@@ -127,6 +127,7 @@ class GraphKeys:
     self.participants: collections.Counter = collections.Counter()
     self.expected: dict = {}
     self.launched: dict = {}  # device -> the last `launch` output there.
+    self.rows_slots: dict = {}  # instance key -> `rows_slot`.
 
   def group_key(self, group: Group) -> int:
     if group.devices not in self.group_keys:
@@ -148,6 +149,18 @@ class GraphKeys:
     if (forward_key, position) not in self.backward_keys:
       self.backward_keys[(forward_key, position)] = next(_KEYS)
     return self._use(self.backward_keys[(forward_key, position)], group)
+
+  def rows_slot(self, instance_key: int) -> int:
+    """The place of `instance_key` among the graph's collectives whose
+    rows vary from step to step (the same in every tower and task)."""
+    if instance_key not in self.rows_slots:
+      if len(self.rows_slots) >= _ROWS_SLOTS:
+        raise ValueError(
+            f"More than {_ROWS_SLOTS} cross-tower collectives of tensors "
+            "whose rows vary between steps in one graph; join fewer tensors "
+            "(concatenate them along axis 1 before `cross_tower_concat`).")
+      self.rows_slots[instance_key] = len(self.rows_slots)
+    return self.rows_slots[instance_key]
 
   def instance_key(self) -> int:
     """A fresh key for a collective every tower issues at once (`launch`)."""
@@ -245,10 +258,36 @@ def _reduce(value: tf.Tensor, group: Group, instance_key: int,
   with tf.device(device):
     return collective_ops.all_reduce_v2(
         value, group_size=group.num_towers,
-        group_key=graph_keys().group_key(group), instance_key=instance_key,
+        group_key=graph_keys().group_key(group),
+        instance_key=_key_for_rows(instance_key, value),
         merge_op="Add", final_op="Id",
         communication_hint=group.communication_hint, timeout=group.timeout,
         name="cross_tower_all_reduce")
+
+
+# TensorFlow keeps the shape a collective instance first ran with and
+# refuses another one, so a tensor whose rows change from step to step (a
+# `cross_tower_concat` of an uneven last batch) gets an instance key per row
+# count: in [ROWS_KEYS_START, 2**31), above the keys `_KEYS` and the cluster
+# give out, `MAX_ROWS` keys for each such collective of a graph.
+ROWS_KEYS_START = 1 << 30
+MAX_ROWS = 1 << 20
+
+
+def _key_for_rows(instance_key: int, value: tf.Tensor):
+  """`instance_key`, or for rows unknown at build time one key per count."""
+  shape = value.shape
+  if shape.rank in (None, 0) or shape.is_fully_defined() or (
+      not shape[1:].is_fully_defined()):
+    return instance_key
+  slot = graph_keys().rows_slot(instance_key)
+  rows = tf.shape(value)[0]
+  check = tf.debugging.assert_less(
+      rows, MAX_ROWS, message=(
+          f"A cross-tower collective joins at most {MAX_ROWS} rows a step; "
+          "split the tensor or reduce it before joining it across towers."))
+  with tf.control_dependencies([check]):
+    return ROWS_KEYS_START + slot * MAX_ROWS + rows
 
 
 def launch(group: Group, tensors: list, kind: str = "sum") -> list:
@@ -297,6 +336,7 @@ _LAUNCHERS = {"sum": _sum, "gather": _gather}
 
 
 CLUSTER_KEYS_START = 1_000_000_001
+_ROWS_SLOTS = ((1 << 31) - ROWS_KEYS_START) // MAX_ROWS - 1
 
 
 def restart_keys(start: int = CLUSTER_KEYS_START) -> None:

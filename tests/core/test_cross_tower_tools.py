@@ -147,3 +147,36 @@ def test_unwrapped_they_are_the_plain_operations():
   assert got[0] == pytest.approx(2.5)  # 10 / 4
   np.testing.assert_array_equal(got[1], [[1, 2], [3, 4]])
   np.testing.assert_array_equal(got[2], [[1, 2], [3, 4]])
+
+
+def test_concat_when_the_global_batch_changes_between_steps(session_config):
+  """Global batches of 5, 3, 5 and 1 rows on 2 towers, one graph: each step
+  gathers that step's rows (forward and gradient) and trains like numpy."""
+  x = np.arange(24, dtype=np.float32).reshape(8, 3) / 10.0
+
+  def model_fn(features, labels, mode):
+    del labels
+    w = tf1.get_variable("w", [3, 1], initializer=tf1.ones_initializer())
+    gathered = emg.cross_tower_concat(tf.matmul(features, w))
+    loss = tf.reduce_mean(tf.square(gathered))
+    sgd = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=sgd.minimize(
+        loss, tf1.train.get_global_step()))
+
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    features = tf1.placeholder(tf.float32, [None, 3])
+    spec = harness.call(emg.multi_gpu(model_fn, devices=harness.cpu_devices(2)),
+                        features, None, "train", session_config)
+    w = tf1.global_variables("w")[0]
+    with tf1.Session(config=session_config) as session:
+      session.run(tf1.global_variables_initializer())
+      want = np.ones([3, 1], np.float32)
+      for rows in (slice(0, 5), slice(5, 8), slice(0, 5), slice(7, 8)):
+        batch = x[rows]
+        loss, _ = session.run([spec.loss, spec.train_op], {features: batch})
+        np.testing.assert_allclose(loss, np.mean((batch @ want) ** 2),
+                                   rtol=1e-5)
+        # d/dw mean((Xw)²) = 2/n Xᵀ(Xw), at the rate 0.1.
+        want = want - 0.1 * 2.0 / len(batch) * batch.T @ (batch @ want)
+        np.testing.assert_allclose(session.run(w), want, rtol=1e-5)
