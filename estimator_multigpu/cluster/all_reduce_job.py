@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
+from estimator_multigpu import compat
 from estimator_multigpu import strategies
 from estimator_multigpu.cross_tower import collectives
 
@@ -182,7 +183,7 @@ def _after(received: tf.Operation, local_variables: list) -> None:
       continue
     reads = [t.op for t in source.op.inputs if t.op.type in _READS]
     for op in reads or [source.op]:
-      op._add_control_inputs([received])  # pylint: disable=protected-access
+      compat.private(op, "_add_control_inputs")([received])
 
 
 def _receive(variable, cluster: AllReduceCluster, device: str):

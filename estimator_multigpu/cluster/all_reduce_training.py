@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu import compat
 from estimator_multigpu.cluster import all_reduce_job
 from estimator_multigpu.cluster import health
 from estimator_multigpu.cluster import job_guard
@@ -161,7 +162,7 @@ def start_server(cluster: all_reduce_job.AllReduceCluster,
   """
   config = all_reduce_job.server_config(cluster,
                                         estimator.config.session_config)
-  estimator._session_config = config  # pylint: disable=protected-access
+  compat.set_private(estimator, "_session_config", config)
   address = cluster.cluster[cluster.task_type][cluster.task_index]
   try:
     return tf.distribute.Server(
