@@ -49,4 +49,6 @@ __all__ = [
     "PRIVATE_MEMBERS", "PrivateMember", "TensorFlowMoved", "install",
     "internal", "keras_package", "moved_message", "private", "set_private",
     "tensorflow_version",
+    # The modules, for tests that patch one (compat.versions.X).
+    "estimator_shim", "internals", "keras_routing", "members", "versions",
 ]

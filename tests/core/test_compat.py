@@ -297,7 +297,8 @@ def test_estimator_that_cannot_import_is_one_line(monkeypatch):
     raise ImportError("cannot import name 'gone' from "
                       "'tensorflow.python.util.nest'",
                       name="tensorflow.python.util.nest")
-  monkeypatch.setattr(compat.estimator_shim.importlib, "import_module", fails)
+  monkeypatch.setattr(compat.estimator_shim.importlib, "import_module",
+                      fails)
   with pytest.raises(compat.TensorFlowMoved) as error:
     compat.estimator_shim._bind_estimator(tf)  # pylint: disable=protected-access
   assert re.match(MOVED_LINE.format(
