@@ -90,15 +90,15 @@ def _identity_equality():
   tensors in that moment would compare by identity.
   """
   tensor_class = _tensor_lib.Tensor
-  if (not getattr(tensor_class, "_USE_EQUALITY", False)
+  if (not compat.private(tensor_class, "_USE_EQUALITY", False)
       or tf1.executing_eagerly_outside_functions()):
     yield
     return
-  tensor_class._USE_EQUALITY = False  # pylint: disable=protected-access
+  compat.set_private(tensor_class, "_USE_EQUALITY", False)
   try:
     yield
   finally:
-    tensor_class._USE_EQUALITY = True  # pylint: disable=protected-access
+    compat.set_private(tensor_class, "_USE_EQUALITY", True)
 
 
 @functools.lru_cache(maxsize=None)

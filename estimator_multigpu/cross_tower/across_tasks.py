@@ -22,6 +22,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from estimator_multigpu import collectives
+from estimator_multigpu import compat
 
 tf1 = tf.compat.v1
 
@@ -151,7 +152,7 @@ def _after(received: tf.Operation, local_variables: list) -> None:
       continue
     reads = [t.op for t in source.op.inputs if t.op.type in _READS]
     for op in reads or [source.op]:
-      op._add_control_inputs([received])  # pylint: disable=protected-access
+      compat.private(op, "_add_control_inputs")([received])
 
 
 def _receive(variable, cluster: AllReduceCluster, device: str):

@@ -222,16 +222,18 @@ def _install() -> None:
     module.get_regularization_losses = _get_regularization_losses
   for key in _LAYERS:
     layer = compat.internal(key).Layer
-    _ORIGINAL[key] = vars(layer)["_handle_weight_regularization"]
-    layer._handle_weight_regularization = _counting(_ORIGINAL[key])  # pylint: disable=protected-access
+    _ORIGINAL[key] = compat.private(layer, "_handle_weight_regularization",
+                                    own=True)
+    compat.set_private(layer, "_handle_weight_regularization",
+                       _counting(_ORIGINAL[key]))
 
 
 def _uninstall() -> None:
   for module in (compat.internal("losses_util"), tf1.losses):
     module.get_regularization_losses = _ORIGINAL["get_regularization_losses"]
   for key in _LAYERS:
-    compat.internal(key).Layer._handle_weight_regularization = (  # pylint: disable=protected-access
-        _ORIGINAL.pop(key))
+    compat.set_private(compat.internal(key).Layer,
+                       "_handle_weight_regularization", _ORIGINAL.pop(key))
 
 
 _PATCH = patching.Patch(_install, _uninstall)

@@ -103,7 +103,7 @@ def _install() -> None:
   base = _keras_batch_norm_base()
   for name, wrap in (("_moments", _keras_moments),
                      ("_fused_batch_norm", _keras_fused)):
-    setattr(base, name, wrap(getattr(base, name)))
+    compat.set_private(base, name, wrap(compat.private(base, name)))
   slim_layers = _slim_layers()
   if slim_layers is not None:
     slim_layers.nn = _SlimNN(slim_layers.nn)
@@ -112,7 +112,7 @@ def _install() -> None:
 def _uninstall() -> None:
   base = _keras_batch_norm_base()
   for name in ("_moments", "_fused_batch_norm"):
-    setattr(base, name, getattr(base, name).original)
+    compat.set_private(base, name, compat.private(base, name).original)
   slim_layers = _slim_layers()
   if slim_layers is not None and isinstance(slim_layers.nn, _SlimNN):
     slim_layers.nn = slim_layers.nn.module

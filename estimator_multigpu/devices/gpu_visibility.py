@@ -89,9 +89,9 @@ def gpus_fixed_reason() -> Optional[str]:
   and is skipped on machines without it.
   """
   ctx = context.context()
-  if getattr(ctx, "_context_handle", None) is not None:
+  if compat.private(ctx, "_context_handle", None) is not None:
     return "TensorFlow's runtime is already initialised"
-  if getattr(ctx, "_physical_devices", None) is not None:
+  if compat.private(ctx, "_physical_devices", None) is not None:
     return "TensorFlow has already listed the physical devices"
   if _cuda_driver_initialized():
     return "the CUDA driver is already initialised in this process"

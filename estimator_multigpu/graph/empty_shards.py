@@ -83,7 +83,7 @@ def _guard(op_type, inputs, attrs, outputs, op_name=None, graph=None):
   def compute():
     _STATE.inside = True
     try:
-      op = tf1.get_default_graph()._create_op_internal(  # pylint: disable=protected-access
+      op = compat.private(tf1.get_default_graph(), "_create_op_internal")(
           op_type, list(inputs), dtypes=dtypes, attrs=attributes)
       return list(op.outputs)
     finally:

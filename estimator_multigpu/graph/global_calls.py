@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
+from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import sharing
 from estimator_multigpu.graph import towers as towers_lib
@@ -366,7 +367,8 @@ def _placeholder(tensor: tf.Tensor, rows: bool) -> tf.Tensor:
 
 def _feed(stub, value) -> None:
   for placeholder, tensor in zip(_components(stub), _components(value)):
-    placeholder.op._update_input(0, tf.cast(tensor, placeholder.dtype))  # pylint: disable=protected-access
+    compat.private(placeholder.op, "_update_input")(
+        0, tf.cast(tensor, placeholder.dtype))
 
 
 def _device(stub) -> str:

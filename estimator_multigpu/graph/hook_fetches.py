@@ -26,6 +26,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import warn_once
 
@@ -194,4 +195,4 @@ class GlobalFetches:
       if op.type == "ScalarSummary" and self._ranges.in_tower(op.outputs[0], 0):
         value = self._readouts.combined(op.inputs[1], what)
         if value is not None:
-          op._update_input(1, value)  # pylint: disable=protected-access
+          compat.private(op, "_update_input")(1, value)

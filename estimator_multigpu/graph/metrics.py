@@ -37,6 +37,7 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import warn_once
 
@@ -95,7 +96,7 @@ class MetricUpdate:
       delta = assign.inputs[1]
       with tf.device(assign.device), tf.name_scope("tower_share"):
         weighted = tf.math.multiply_no_nan(delta, tf.cast(share, delta.dtype))
-      assign._update_input(1, weighted)  # pylint: disable=protected-access
+      compat.private(assign, "_update_input")(1, weighted)
     return True
 
 
@@ -228,4 +229,4 @@ def _one_after_another(updates: list) -> None:
     others = set().union(*(u.ancestors for u in updates if u is not after))
     for op in after.ancestors - others:
       if any(t.op in after.state for t in op.inputs):
-        op._add_control_inputs([done])  # pylint: disable=protected-access
+        compat.private(op, "_add_control_inputs")([done])

@@ -23,6 +23,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from estimator_multigpu import compat
+
 tf1 = tf.compat.v1
 
 
@@ -63,11 +65,11 @@ def _later_variables(op: Any, order: dict) -> list:
 
 def _completed_saver(saver: tf1.train.Saver, order: dict) -> tf1.train.Saver:
   """`saver`, or a new one with its settings and the variables it lacks."""
-  if not saver._is_built:  # pylint: disable=protected-access
+  if not compat.private(saver, "_is_built"):
     return saver  # built later, by the scaffold: it lists everything then.
   save_op = tf1.get_default_graph().as_graph_element(
       saver.saver_def.save_tensor_name).op
-  var_list = saver._var_list  # pylint: disable=protected-access
+  var_list = compat.private(saver, "_var_list")
   saved = {_op_name(item) for item in _items(var_list)}
   missing = [v for v in _later_variables(save_op, order)
              if v.op.name not in saved]
@@ -82,27 +84,20 @@ def _completed_saver(saver: tf1.train.Saver, order: dict) -> tf1.train.Saver:
 
 def _settings(saver: tf1.train.Saver) -> dict:
   """The constructor arguments `saver` was built with (but its var_list)."""
-  # pylint: disable=protected-access
-  return dict(reshape=saver._reshape, sharded=saver._sharded,
-              max_to_keep=saver._max_to_keep,
-              keep_checkpoint_every_n_hours=(
-                  saver._keep_checkpoint_every_n_hours),
-              restore_sequentially=saver._restore_sequentially,
-              allow_empty=saver._allow_empty,
-              write_version=saver._write_version,
-              pad_step_number=saver._pad_step_number,
-              save_relative_paths=saver._save_relative_paths,
-              filename=saver._filename)
+  return {name: compat.private(saver, "_" + name) for name in (
+      "reshape", "sharded", "max_to_keep", "keep_checkpoint_every_n_hours",
+      "restore_sequentially", "allow_empty", "write_version",
+      "pad_step_number", "save_relative_paths", "filename")}
 
 
 def _items(var_list: Any) -> list:
   """The variables (partitions, saveables) a Saver's `var_list` names."""
   items = list(var_list.values()) if isinstance(var_list, dict) else list(
       var_list)
-  flat = []
+  flat, partitioned = [], compat.internal("variables").PartitionedVariable
   for item in items:
     flat.extend(item if isinstance(item, (list, tuple)) else
-                list(item) if hasattr(item, "_get_variable_list") else [item])
+                list(item) if isinstance(item, partitioned) else [item])
   return flat
 
 

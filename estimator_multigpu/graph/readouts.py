@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
+from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import hook_fetches
 from estimator_multigpu.graph import hook_rewrites
@@ -178,7 +179,7 @@ def combine_summaries(readouts: Readouts, tower0,
                       "inferred from its ops (%s); make it with "
                       "tf.compat.v1.summary.scalar to build it once from the "
                       "global batch.", tag, value.op.name)
-      op._update_input(1, value)  # pylint: disable=protected-access
+      compat.private(op, "_update_input")(1, value)
 
 
 def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
@@ -201,7 +202,7 @@ def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
     op = getattr(summary, "op", summary)
     peers = _peers([op])
     if peers:
-      op._add_control_inputs(peers)  # pylint: disable=protected-access
+      compat.private(op, "_add_control_inputs")(peers)
 
 
 def _peers(ops: list) -> list:

@@ -144,7 +144,7 @@ def _check_additive(name: str, kwargs: dict) -> None:
 def _variable_store_names() -> list:
   """Names of the variables `get_variable` holds in this graph."""
   store = vs_lib._get_default_variable_store()  # pylint: disable=protected-access
-  return list(store._vars)  # pylint: disable=protected-access
+  return list(compat.private(store, "_vars"))
 
 
 def check_no_new_globals(tower, before: set) -> None:

@@ -35,6 +35,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import warn_once
 from estimator_multigpu.graph import writes as writes_lib
@@ -112,7 +113,7 @@ def _initializers() -> set:
 def _run_with(op, peers: list) -> None:
   """Tower 0's `op` runs `peers` first, whichever op of the step runs it."""
   if peers:
-    op._add_control_inputs(peers)  # pylint: disable=protected-access
+    compat.private(op, "_add_control_inputs")(peers)
 
 
 def _static_shapes(tensors: list) -> list:

@@ -16,6 +16,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from estimator_multigpu import compat
+
 VARIABLE_OPS = frozenset(["VarHandleOp", "VariableV2", "Variable"])
 # Stateful ops that take a variable only to read it (or ask about it).
 _READERS = frozenset([
@@ -137,7 +139,7 @@ def function_bodies(op: tf.Operation) -> list:
     names += [f.name for f in value.list.func]
   bodies = []
   for name in names:
-    function = op.graph._get_function(name)  # pylint: disable=protected-access
+    function = compat.private(op.graph, "_get_function")(name)
     if function is not None and getattr(function, "graph", None) is not None:
       bodies.append(function.graph)
   return bodies

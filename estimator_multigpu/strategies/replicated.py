@@ -85,7 +85,8 @@ def local_copy(original: tf.Variable, name: str, trainable: bool):
   # Its `name` is tower 0's (its op is `tower_<i>/...`), so the model_fn's
   # filters by name or scope (`var_list` of a frozen backbone) pick the
   # same variables in every tower.
-  replica._handle_name = original._handle_name  # pylint: disable=protected-access
+  compat.set_private(replica, "_handle_name",
+                     compat.private(original, "_handle_name"))
   return replica
 
 
@@ -104,9 +105,8 @@ class _TowerCopy(resource_variable_ops.ResourceVariable):
 def fresh_optimizer(optimizer: tf1.train.Optimizer) -> tf1.train.Optimizer:
   """A copy of a TF1 optimizer with the same settings and no state yet."""
   clone = copy.copy(optimizer)
-  clone._slots = {}  # pylint: disable=protected-access
-  clone._non_slot_dict = {}  # pylint: disable=protected-access
-  clone._deferred_slot_restorations = {}  # pylint: disable=protected-access
+  for state in ("_slots", "_non_slot_dict", "_deferred_slot_restorations"):
+    compat.set_private(clone, state, {})
   return clone
 
 
@@ -183,10 +183,11 @@ class ReplicatedVariables(shared.SharedVariables):
     if parts == list(variable):
       return variable  # not trainable: shared.
     for part, original in zip(parts, variable):
-      part._set_save_slice_info(original._get_save_slice_info())  # pylint: disable=protected-access
+      compat.private(part, "_set_save_slice_info")(
+          compat.private(original, "_get_save_slice_info")())
     return variables_lib.PartitionedVariable(
         f"{tower.name}/{variable.name}", variable.get_shape(),
-        variable.dtype, parts, variable._get_partitions())  # pylint: disable=protected-access
+        variable.dtype, parts, compat.private(variable, "_get_partitions")())
 
   def carry(self, terms: list) -> None:
     self._carry = terms

@@ -71,8 +71,8 @@ class KerasTowerOptimizer(Legacy):
 
   def __setattr__(self, name, value):
     optimizer = self.wrapped
-    if name == "iterations" and getattr(optimizer, "_iterations",
-                                        None) is value:
+    if name == "iterations" and compat.private(optimizer, "_iterations",
+                                               None) is value:
       return  # towers 1.. of a canned estimator given one instance.
     setattr(optimizer, name, value)
 
@@ -113,7 +113,7 @@ class KerasTowerOptimizer(Legacy):
 
   def _tower_gradients(self, loss, var_list, grad_loss):
     """Keras's `_compute_gradients` with `tf.gradients` for the tape."""
-    with tf.name_scope(self.wrapped._name + "/gradients"):  # pylint: disable=protected-access
+    with tf.name_scope(compat.private(self.wrapped, "_name") + "/gradients"):
       grads = tf1.gradients(loss, var_list, grad_ys=grad_loss,
                             colocate_gradients_with_ops=True)
     return list(zip(grads, var_list))

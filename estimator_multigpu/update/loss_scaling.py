@@ -22,6 +22,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from estimator_multigpu import compat
+
 tf1 = tf.compat.v1
 
 
@@ -41,7 +43,8 @@ class LossScaling:
           initial_scale, increment_period, multiplier)
       self.skipped = tf1.Variable(0, dtype=tf.int64, trainable=False,
                                   name="skipped_updates", use_resource=True)
-      _make_local(list(self._loss_scale._weights.values()) + [self.skipped])  # pylint: disable=protected-access
+      _make_local(list(compat.private(self._loss_scale, "_weights").values())
+                  + [self.skipped])
       # One read per step: the towers scale by it and the update unscales by
       # it, whatever the update then assigns.
       self.value = tf.identity(self._loss_scale(), name="value")

@@ -24,6 +24,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from estimator_multigpu import compat
+
 tf1 = tf.compat.v1
 
 # The class of a `tf.cond` branch's function graph (cond_v2), by name: the
@@ -146,5 +148,6 @@ def tie(tower0, applies: list, accumulate: bool, peers: list = ()) -> list:
       extra += ops
       continue
     for tower in [tower0] + list(peers):
-      tower.optimizer_calls[position].recorded._add_control_inputs(ops)  # pylint: disable=protected-access
+      compat.private(tower.optimizer_calls[position].recorded,
+                     "_add_control_inputs")(ops)
   return extra

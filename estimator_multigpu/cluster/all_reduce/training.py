@@ -24,12 +24,13 @@ from typing import Any, Callable, Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.cluster.all_reduce import servers
-from estimator_multigpu.cross_tower import across_tasks
-from estimator_multigpu.cluster.all_reduce import peer_probe
+from estimator_multigpu import collectives
+from estimator_multigpu import compat
 from estimator_multigpu.cluster.all_reduce import guard as guard_lib
 from estimator_multigpu.cluster.all_reduce import heartbeat
-from estimator_multigpu import collectives
+from estimator_multigpu.cluster.all_reduce import peer_probe
+from estimator_multigpu.cluster.all_reduce import servers
+from estimator_multigpu.cross_tower import across_tasks
 
 tf1 = tf.compat.v1
 _GUARDS: list = []  # the running task's JobGuard (`abandon`).
@@ -160,9 +161,8 @@ def start_server(cluster: across_tasks.AllReduceCluster,
   Raises:
     OSError: the server cannot listen on this task's address.
   """
-  config = servers.server_config(cluster,
-                                        estimator.config.session_config)
-  estimator._session_config = config  # pylint: disable=protected-access
+  config = servers.server_config(cluster, estimator.config.session_config)
+  compat.set_private(estimator, "_session_config", config)
   address = cluster.cluster[cluster.task_type][cluster.task_index]
   try:
     return tf.distribute.Server(
