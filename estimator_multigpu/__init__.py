@@ -31,7 +31,7 @@ from estimator_multigpu import compat as _compat
 
 # Public name -> the module that defines it.
 _PUBLIC = {
-    "multi_gpu": "replicate",
+    "multi_gpu": "decorator",
     "TowerOptimizer": "update.tower_optimizer",
     "make_session_config": "devices",
     "make_parallel": "parallel",

@@ -30,7 +30,7 @@ import tensorflow as tf
 from estimator_multigpu import check_readouts
 from estimator_multigpu import compat
 from estimator_multigpu import devices as devices_lib
-from estimator_multigpu import replicate
+from estimator_multigpu import decorator
 from estimator_multigpu.graph import calling
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import state_updates
@@ -142,7 +142,7 @@ def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
   run = lambda fn, initial=None, k=1: _train(  # noqa: E731
       fn, input_fn, steps, params, config, initial, k)
   reference = run(model_fn, k=multi_gpu_options.get("accumulate_steps", 1))
-  wrapped = replicate.multi_gpu(model_fn, devices=devices, **multi_gpu_options)
+  wrapped = decorator.multi_gpu(model_fn, devices=devices, **multi_gpu_options)
   towers = run(wrapped, reference.initial)
   for mode in modes:
     _read_mode(mode, (model_fn, reference), (wrapped, towers), input_fn,
@@ -155,7 +155,7 @@ def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
                      reference.first_loss, towers.first_loss)
   if not check.ok:
     def exact_with(**change) -> bool:
-      retried = run(replicate.multi_gpu(
+      retried = run(decorator.multi_gpu(
           model_fn, devices=devices, **dict(multi_gpu_options, **change)),
                     reference.initial)
       return _within(_differences(reference.final, retried.final),
