@@ -41,7 +41,7 @@ _PUBLIC = {
     "cross_tower_sum": "cross_tower.losses",
     "cross_tower_concat": "cross_tower.losses",
     "check_towers": "check",
-    "TowerCheck": "check",
+    "TowerCheck": "check_report",
     "train_and_evaluate": "cluster.all_reduce_training",
     "VARIABLE_UPDATES": "strategies",
     "averaged_variables": "graph.ema",
