@@ -33,31 +33,34 @@ def _option(default: Any, check: Callable[[Any], Any]) -> Any:
   return dataclasses.field(default=default, metadata={"check": check})
 
 
-def _check_loss_reduction(value) -> str:
-  if value not in LOSS_REDUCTIONS:
-    raise ValueError(
-        f"`loss_reduction` is {value!r}; expected one of "
-        f"{', '.join(map(repr, LOSS_REDUCTIONS))}: 'mean' when the model_fn's "
-        "loss is a mean over its examples, 'sum' when it is a sum.")
-  return value
+def _one_of(name: str, choices: Sequence[str],
+            meaning: str) -> Callable[[Any], Any]:
+  """The check of a name among `choices` (None passes when it is one)."""
+  def check(value):
+    if value not in choices:
+      raise ValueError(
+          f"`{name}` is {value!r}; expected one of "
+          f"{', '.join(repr(c) for c in choices if c is not None)}"
+          f"{meaning}.")
+    return value
+  return check
 
 
-def _check_variable_update(value) -> str:
-  if value not in strategies.VARIABLE_UPDATES:
-    raise ValueError(
-        f"`variable_update` is {value!r}; expected one of "
-        f"{', '.join(map(repr, strategies.VARIABLE_UPDATES))} ('auto': "
-        "all-reduce between GPU towers and tasks, shared variables on CPUs).")
-  return value
-
-
-def _check_synchronization_name(value) -> str:
-  if value not in strategies.SYNCHRONIZATIONS:
-    raise ValueError(
-        f"`synchronization` is {value!r}; expected 'sync' (the "
-        "towers' gradients are combined into one update) or 'async' (every "
-        "tower applies its own gradient).")
-  return value
+_check_loss_reduction = _one_of(
+    "loss_reduction", LOSS_REDUCTIONS, ": 'mean' when the model_fn's loss is "
+    "a mean over its examples, 'sum' when it is a sum")
+_check_variable_update = _one_of(
+    "variable_update", strategies.VARIABLE_UPDATES, " ('auto': all-reduce "
+    "between GPU towers and tasks, shared variables on CPUs)")
+_check_synchronization_name = _one_of(
+    "synchronization", strategies.SYNCHRONIZATIONS, ": 'sync' (the towers' "
+    "gradients are combined into one update) or 'async' (every tower "
+    "applies its own gradient)")
+_check_all_reduce_name = _one_of(
+    "all_reduce", (None,) + tuple(allreduce.ALGORITHMS), ": 'collective' "
+    "(NCCL on GPUs, a ring on CPUs), 'add_n' (one sum on the aggregation "
+    "device that every tower reads) or 'hierarchical' (within each task, "
+    "then across tasks once)")
 
 
 def _check_sync_batch_norm(value) -> bool:
@@ -71,17 +74,6 @@ def _check_sync_batch_norm(value) -> bool:
 
 def _aggregation_device(value) -> Optional[str]:
   return None if value is None else devices_lib.canonical_device(value)
-
-
-def _check_all_reduce_name(value) -> Optional[str]:
-  if value is not None and value not in allreduce.ALGORITHMS:
-    raise ValueError(
-        f"`all_reduce` is {value!r}; expected one of "
-        f"{', '.join(map(repr, allreduce.ALGORITHMS))}: 'collective' "
-        "(NCCL on GPUs, a ring on CPUs), 'add_n' (one sum on the "
-        "aggregation device that every tower reads) or 'hierarchical' "
-        "(within each task, then across tasks once).")
-  return value
 
 
 def _check_packing_bytes(value) -> Optional[int]:
