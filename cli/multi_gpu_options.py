@@ -1,26 +1,27 @@
 """train.py's options of `emg.multi_gpu`: one row each, the one mapping
-from flags to `estimator_multigpu.options.Options`.
+from flags to its keyword options (the library's `Options` fields).
 
-A row names the `Options` field its flag sets (the flag has the field's
-name, but for tf-slim's `--moving_average_decay`, which is `ema_decay`),
-the flag's kind, help and `--help` group. Everything else is made from the
-rows: the flags (cli/flags/definitions.py) with `Options`' defaults, their
-`--help` groups (cli/flags/grouped_help.py), the settings group
-`MultiGpuSettings` (one field per flag), the keyword options train.py
-gives `multi_gpu` and `check_towers` (`MultiGpuSettings.options()`), the
-options the run record writes and those the tasks of a job and a resume
-compare (cli/model_dir/run_record.py, run_settings.py). A new option of
-train.py is a new row (its range check at parse time, if any, a line of
+A row names the option its flag sets (the flag has the option's name, but
+for tf-slim's `--moving_average_decay`, which is `ema_decay`), the flag's
+kind, help and `--help` group. Everything else is made from the rows: the
+flags (cli/flags/training_flags.py) with the defaults of `multi_gpu`'s
+signature (which are `Options`'), their `--help` groups
+(cli/flags/grouped_help.py), the settings group `MultiGpuSettings` (one
+field per flag), the keyword options train.py gives `multi_gpu` and
+`check_towers` (`MultiGpuSettings.options()`), the options the run record
+writes and those the tasks of a job and a resume compare
+(cli/model_dir/run_record.py, run_settings.py). A new option of train.py
+is a new row (its range check at parse time, if any, a line of
 cli/flags/validators.py; the library checks every value anyway).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Optional, Tuple
 
-from estimator_multigpu import options as options_lib
-from estimator_multigpu import strategies
+import estimator_multigpu as emg
 
 TOWERS, OPTIMIZATION = "Towers", "Optimization"  # --help groups.
 _TYPES = {"float": Optional[float], "integer": int, "bool": bool,
@@ -56,12 +57,12 @@ class OptionFlag:
 
   @property
   def default(self):
-    """The option's default (`Options`')."""
+    """The option's default (`multi_gpu`'s, which are `Options`')."""
     return _DEFAULTS[self.option]
 
 
-_DEFAULTS = {field.name: field.default
-             for field in dataclasses.fields(options_lib.Options)}
+_DEFAULTS = {name: parameter.default for name, parameter in
+             inspect.signature(emg.multi_gpu).parameters.items()}
 ROWS = (
     OptionFlag("ema_decay", "float", "Keep an exponential moving average of "
                "the weights with this decay, e.g. 0.999.", OPTIMIZATION,
@@ -74,7 +75,7 @@ ROWS = (
                "(tf_cnn_benchmarks parameter_server); replicated: a copy per "
                "tower and all-reduced gradients (tf_cnn_benchmarks "
                "replicated).", TOWERS,
-               choices=tuple(strategies.VARIABLE_UPDATES)),
+               choices=tuple(emg.VARIABLE_UPDATES)),
     OptionFlag("sync_batch_norm", "bool", "Batch norm over the global batch: "
                "the towers all-reduce their moments, so N towers train "
                "batch-norm nets (resnet_*, inception_*) exactly like one "
