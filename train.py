@@ -199,18 +199,12 @@ def check_towers(settings: Settings, planned: run_plan.Plan,
   Raises:
     TowersMismatchError: they differ; the message names the cause and fix.
   """
-  wrap = settings.multi_gpu
   logging.info("Checking that %d towers train %s like one device (%d "
                "steps each)...", len(planned.towers.devices),
                planned.setup.model_name, steps)
   report = emg.check_towers(
       classifier.model_fn, planned.input_fn, planned.towers.devices, steps,
-      {"classifier": planned.config}, ema_decay=wrap.moving_average_decay,
-      clip_gradients_by_norm=wrap.clip_gradients_by_norm,
-      variable_update=wrap.variable_update,
-      sync_batch_norm=wrap.sync_batch_norm,
-      accumulate_steps=wrap.accumulate_steps,
-      mixed_precision=wrap.mixed_precision)
+      {"classifier": planned.config}, **settings.multi_gpu.options())
   if not report.ok:
     raise TowersMismatchError(" ".join(str(report).splitlines()))
   logging.info("%s", report)

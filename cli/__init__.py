@@ -5,5 +5,7 @@
 - `flags/`: the flags room: definitions and `read`, value checks, the
   flag-use table, tf-slim's names, grouped `--help`, the run's advice.
 - `model_dir/` and `data/`: the checks of the model dir and of the data.
+- `multi_gpu_options`: train.py's options of `emg.multi_gpu`, one row
+  each: the one mapping from flags to `Options` (flags, settings, record).
 - Settings, run setup, logs, fine-tuning and the cluster task: modules here.
 """

@@ -28,35 +28,29 @@ def build_model_fn(towers: towers_lib.Towers, ema_decay, clip_norm,
                    global_batch_size: int, max_steps: int,
                    log_every_n_steps: int, model_dir: Optional[str],
                    trainers: int = 1, sync_replicas: bool = False,
-                   scaling_report: bool = True,
-                   variable_update: str = "auto",
-                   sync_batch_norm: bool = False, accumulate_steps: int = 1,
-                   mixed_precision: Optional[str] = None):
+                   scaling_report: bool = True, **options):
   """The classifier model_fn on the towers, with progress (and scaling) hooks.
 
-  The hook writes throughput summaries to `model_dir` (None: only logs). On
-  a cluster of `trainers` workers it reports the whole cluster's examples
-  per second: a global step is one worker's batch, or with `sync_replicas`
-  one batch from each worker (times `accumulate_steps` batches per update).
-  When the training graph has batch norm and the per-tower batch is small
-  (without `sync_batch_norm`), it warns.
+  `options` are `multi_gpu`'s other keyword options (train.py's:
+  `MultiGpuSettings.options()`, cli/multi_gpu_options.py). The hook writes
+  throughput summaries to `model_dir` (None: only logs). On a cluster of
+  `trainers` workers it reports the whole cluster's examples per second: a
+  global step is one worker's batch, or with `sync_replicas` one batch from
+  each worker (times `accumulate_steps` batches per update). When the
+  training graph has batch norm and the per-tower batch is small (without
+  `sync_batch_norm`), it warns.
   """
   wrapped = emg.multi_gpu(classifier.model_fn, devices=towers.devices,
                           ema_decay=ema_decay,
-                          clip_gradients_by_norm=clip_norm,
-                          variable_update=variable_update,
-                          accumulate_steps=accumulate_steps,
-                          mixed_precision=mixed_precision,
-                          sync_batch_norm=sync_batch_norm)
-  examples_per_step = global_batch_size * accumulate_steps * (
-      trainers if sync_replicas else 1)
-
+                          clip_gradients_by_norm=clip_norm, **options)
+  examples_per_step = global_batch_size * options.get(
+      "accumulate_steps", 1) * (trainers if sync_replicas else 1)
   num_towers = len(towers.devices) * trainers
 
   def progress(spec):
     advice.warn_small_batch_norm(tf.compat.v1.get_default_graph(),
-                                     global_batch_size, len(towers.devices),
-                                     sync_batch_norm)
+                                 global_batch_size, len(towers.devices),
+                                 options.get("sync_batch_norm", False))
     progress_hook = hooks.ProgressHook(spec.loss, examples_per_step,
                                        num_towers, max_steps,
                                        log_every_n_steps, model_dir)
@@ -98,18 +92,15 @@ def make_estimator(settings: Settings, task: Optional[cluster.Task],
                    config: classifier.ClassifierConfig, schedule: tuple,
                    warm_start_from=None) -> tf.estimator.Estimator:
   """The classifier Estimator for this task (summaries: chief/local only)."""
-  run, wrap = settings.run, settings.multi_gpu
+  run, options = settings.run, settings.multi_gpu.options()
   max_steps = settings.optimization.max_steps
   every = log_every_n_steps(run.log_every_n_steps, max_steps)
   model_fn = build_model_fn(
-      towers, wrap.moving_average_decay, wrap.clip_gradients_by_norm,
+      towers, options.pop("ema_decay"), options.pop("clip_gradients_by_norm"),
       settings.data.batch_size, max_steps, every,
       run.model_dir if task is None or task.is_chief else None,
       len(task.trainers) if task else 1, settings.cluster.sync_replicas,
-      run.scaling_report, variable_update=wrap.variable_update,
-      sync_batch_norm=wrap.sync_batch_norm,
-      accumulate_steps=wrap.accumulate_steps,
-      mixed_precision=wrap.mixed_precision)
+      run.scaling_report, **options)
   steps, secs = schedule
   return build_estimator(model_fn, config, towers, run.model_dir, steps,
                          run.save_summary_steps, run.random_seed, secs,

@@ -4,7 +4,8 @@
 passes them down, so every helper of train.py, eval.py and export.py takes
 plain arguments and can be called without absl. Each field has the name of
 its flag and its default (cli/flags/definitions.py takes the defaults from
-here); list flags become tuples. `given` holds the names typed on the command line:
+here; the `multi_gpu` options' from `Options`, cli/multi_gpu_options.py); list
+flags become tuples. `given` holds the names typed on the command line:
 those override the model_dir's record (run_config.json).
 """
 
@@ -14,9 +15,15 @@ import dataclasses
 from typing import ClassVar, FrozenSet, Optional, Tuple
 
 import classifier
+from cli import multi_gpu_options
 
 _CLASSIFIER = classifier.ClassifierConfig()
 Names = FrozenSet[str]
+
+
+def defaults(cls: type) -> dict:
+  """name -> default of a settings dataclass's fields (its flags')."""
+  return {field.name: field.default for field in dataclasses.fields(cls)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,16 +61,8 @@ class TowerSettings:
   gpus: Optional[Tuple[str, ...]] = None
 
 
-@dataclasses.dataclass(frozen=True)
-class MultiGpuSettings:
-  """train.py's options of `emg.multi_gpu` (`moving_average_decay` is its
-  `ema_decay`)."""
-  moving_average_decay: Optional[float] = None
-  clip_gradients_by_norm: Optional[float] = None
-  variable_update: str = "auto"
-  sync_batch_norm: bool = False
-  accumulate_steps: int = 1
-  mixed_precision: Optional[str] = None
+# train.py's options of `emg.multi_gpu`: a field per row of its table.
+MultiGpuSettings = multi_gpu_options.MultiGpuSettings
 
 
 @dataclasses.dataclass(frozen=True)

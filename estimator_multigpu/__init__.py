@@ -31,7 +31,7 @@ from estimator_multigpu import compat as _compat
 
 # Public name -> the module that defines it.
 _PUBLIC = {
-    "multi_gpu": "replicate",
+    "multi_gpu": "decorator",
     "TowerOptimizer": "update.tower_optimizer",
     "make_session_config": "devices",
     "make_parallel": "parallel",
@@ -41,7 +41,7 @@ _PUBLIC = {
     "cross_tower_sum": "cross_tower.losses",
     "cross_tower_concat": "cross_tower.losses",
     "check_towers": "check",
-    "TowerCheck": "check",
+    "TowerCheck": "check_report",
     "train_and_evaluate": "cluster.all_reduce.training",
     "VARIABLE_UPDATES": "strategies",
     "averaged_variables": "graph.ema",

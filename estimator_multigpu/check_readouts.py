@@ -18,7 +18,6 @@ graphs per mode (one device and the towers) and `steps` batches each.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable
 
 import numpy as np
@@ -173,11 +172,6 @@ def _predict_values(session, predictions, steps: int) -> dict:
   return {f"predict/{key}": np.concatenate([np.atleast_1d(b[key])
                                             for b in batches])
           for key in predictions}
-
-
-@contextlib.contextmanager
-def no_change():
-  yield
 
 
 def causes(differing: list) -> list:

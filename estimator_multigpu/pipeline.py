@@ -182,7 +182,7 @@ def _make_plan(options: Options, config, cluster,
       copies_per_tower=strategy.copies_per_tower,
       all_reduce=options.all_reduce or (
           "collective" if cluster is None else "hierarchical"),
-      gradient_packing_bytes=options.gradient_packing_bytes)
+      gradient_packing_bytes=options.packing_bytes)
   _check_strategy(plan, cluster, num_ps)
   return plan
 

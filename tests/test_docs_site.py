@@ -26,7 +26,7 @@ def hook():
 def test_the_hook_reads_the_public_surface_of_the_package():
   public, modules = hook().public_surface()
   assert sorted(public) + list(modules) == emg.__all__
-  assert public["multi_gpu"] == "replicate"
+  assert public["multi_gpu"] == "decorator"
 
 
 def test_the_api_page_documents_every_public_name():

@@ -1,7 +1,9 @@
 """The flags room: what the scripts' flags are and what they may be.
 
 - `definitions`: every flag of train.py, eval.py and export.py, by group,
-  and `read` (the settings from the flags, once, in `main`).
+  and `read` (the settings from the flags, once, in `main`);
+  `training_flags`: train.py's own groups (optimization, the `multi_gpu`
+  options, checkpoints, fine-tuning, the cluster).
 - `validators`: value checks while absl parses (one line each).
 - `optimization`: tf-slim's optimizer and decay flags, checked together.
 - `use_table`: when each flag is used; a flag a run would ignore is an

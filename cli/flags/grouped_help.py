@@ -23,6 +23,8 @@ from typing import Callable, Optional, Sequence
 from absl import app
 from absl import flags
 
+from cli import multi_gpu_options
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))  # the checkout.
 HELP_ARGS = ("--help", "-h", "-help", "-?", "--helpshort")
@@ -38,10 +40,11 @@ GROUPS = (
     ("Model", ("model_name", "num_classes", "image_size")),
     ("Data", ("dataset_name", "dataset_dir", "batch_size",
               "dataset_split_name", "labels_offset", "preprocessing_name")),
-    ("Towers", ("num_gpus", "virtual_cpus", "devices", "gpus",
-                "variable_update", "sync_batch_norm", "mixed_precision",
-                "check_towers")),
-    ("Optimization", (
+    (multi_gpu_options.TOWERS, (
+        "num_gpus", "virtual_cpus", "devices", "gpus",
+        *multi_gpu_options.in_group(multi_gpu_options.TOWERS),
+        "check_towers")),
+    (multi_gpu_options.OPTIMIZATION, (
         "max_steps", "optimizer", "learning_rate", "momentum",
         "adam_beta1", "adam_beta2", "opt_epsilon", "rmsprop_decay",
         "rmsprop_momentum", "adadelta_rho",
@@ -50,8 +53,9 @@ GROUPS = (
         "learning_rate_decay_type", "decay_steps", "num_epochs_per_decay",
         "learning_rate_decay_factor", "staircase",
         "end_learning_rate", "warmup_steps", "weight_decay",
-        "label_smoothing", "clip_gradients_by_norm", "moving_average_decay",
-        "accumulate_steps", "random_seed")),
+        "label_smoothing",
+        *multi_gpu_options.in_group(multi_gpu_options.OPTIMIZATION),
+        "random_seed")),
     ("Checkpoints", ("model_dir", "checkpoint_path", "save_checkpoints_steps",
                      "save_checkpoints_secs", "stop_grace_secs",
                      "save_summary_steps", "min_free_disk_mb")),

@@ -5,6 +5,7 @@ schedule settings that changed.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 from absl import logging
@@ -34,16 +35,11 @@ def learning_rate_at(config: classifier.ClassifierConfig, step: int) -> float:
 
 
 def run_options(settings: settings_lib.TrainSettings) -> dict:
-  """The run's options recorded beside the classifier."""
-  multi_gpu = settings.multi_gpu
-  return {"moving_average_decay": multi_gpu.moving_average_decay,
-          "clip_gradients_by_norm": multi_gpu.clip_gradients_by_norm,
+  """The run's options recorded beside the classifier: its `multi_gpu`
+  options by flag name (cli/multi_gpu_options.py), and a few more."""
+  return {**dataclasses.asdict(settings.multi_gpu),
           "random_seed": settings.run.random_seed,
           "sync_replicas": settings.cluster.sync_replicas,
-          "variable_update": multi_gpu.variable_update,
-          "sync_batch_norm": multi_gpu.sync_batch_norm,
-          "accumulate_steps": multi_gpu.accumulate_steps,
-          "mixed_precision": multi_gpu.mixed_precision,
           "num_epochs_per_decay":
               settings.optimization.num_epochs_per_decay}
 

@@ -2,7 +2,7 @@
 
 Two checks read this table: the tasks of an all-reduce job compare the
 settings marked `across_tasks` before their first step
-(`estimator_multigpu.cluster.all_reduce.agreement`), and a resumed run compares its
+(`estimator_multigpu.cluster.agreement`), and a resumed run compares its
 settings with the model dir's `run_config.json` (`cli.model_dir.resume`):
 those marked `MUST_MATCH` stop it (the net, whose checkpoints would not load
 into another, and the data it was trained on), those marked `MAY_CHANGE`
@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 from estimator_multigpu.cluster.all_reduce import servers as all_reduce_servers
 
 import classifier
+from cli import multi_gpu_options
 
 MUST_MATCH = "must match on resume"
 MAY_CHANGE = "may change on resume"
@@ -70,6 +71,18 @@ def _optimizer_settings() -> tuple:
   return tuple(Setting(name, CLASSIFIER, True) for name in names)
 
 
+# What an option's value means in an all-reduce job (default: itself).
+_IN_JOB = {"variable_update": all_reduce_servers.variable_update_in_job}
+
+
+def _multi_gpu_settings() -> tuple:
+  """train.py's `multi_gpu` options (cli/multi_gpu_options.py): the tasks
+  of a job share each; a resume may change it."""
+  return tuple(Setting(row.name, "multi_gpu", True,
+                       in_job=_IN_JOB.get(row.option))
+               for row in multi_gpu_options.ROWS)
+
+
 SETTINGS = (
     Setting("model_name", CLASSIFIER, True, MUST_MATCH, every_script=True),
     Setting("num_classes", CLASSIFIER, True, MUST_MATCH, every_script=True),
@@ -91,13 +104,7 @@ SETTINGS = (
     Setting("dataset_split_name", SETUP, True),
     Setting("dataset_dir", "data", False, MUST_MATCH),  # paths differ by host.
     Setting("image_size", "model", True, MUST_MATCH),
-    Setting("moving_average_decay", "multi_gpu", True),
-    Setting("clip_gradients_by_norm", "multi_gpu", True),
-    Setting("variable_update", "multi_gpu", True,
-            in_job=all_reduce_servers.variable_update_in_job),
-    Setting("sync_batch_norm", "multi_gpu", True),
-    Setting("accumulate_steps", "multi_gpu", True),
-    Setting("mixed_precision", "multi_gpu", True),
+    *_multi_gpu_settings(),
     Setting("max_steps", "optimization", True),
     Setting("model_dir", "run", True),
     Setting("save_checkpoints_steps", "run", False),

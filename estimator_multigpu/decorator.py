@@ -277,17 +277,10 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       devices that do not exist and model_fn mistakes raise when the graph
       is built.
   """
+  given = dict(locals())  # the options, named as `Options`' fields.
+  del given["model_fn"]
   slim_compat.apply_all()  # tf-slim model_fns work on TF 2.15.
-  options = options_lib.check_options(
-      devices=devices, loss_reduction=loss_reduction, ema_decay=ema_decay,
-      clip_gradients_by_norm=clip_gradients_by_norm,
-      use_ema_weights=use_ema_weights, variable_update=variable_update,
-      unsplit_features=unsplit_features,
-      all_reduce=all_reduce, gradient_packing_bytes=gradient_packing_bytes,
-      accumulate_steps=accumulate_steps, mixed_precision=mixed_precision,
-      aggregation_device=aggregation_device,
-      sync_batch_norm=sync_batch_norm, synchronization=synchronization,
-      prediction_pad_value=prediction_pad_value)
+  options = options_lib.check_options(**given)
   if model_fn is None:
     return lambda fn: _wrap(fn, options)
   return _wrap(model_fn, options)
