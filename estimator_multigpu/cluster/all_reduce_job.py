@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from estimator_multigpu import strategies
 from estimator_multigpu.cross_tower import collectives
+from estimator_multigpu.graph import dataflow
 
 tf1 = tf.compat.v1
 
@@ -43,7 +44,6 @@ CHIEF, WORKER, PS = "chief", "worker", "ps"
 # from the heap; measured here, 2-8 % less CPU per step across tasks
 # (docs/performance.md, "Where the time goes").
 RECV_BUF_CHUNK_BYTES = 64 << 10
-_READS = frozenset(["ReadVariableOp", "Identity"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +180,8 @@ def _after(received: tf.Operation, local_variables: list) -> None:
     source = getattr(variable, "initial_value", None)
     if source is None or source.op.type != "Identity":
       continue
-    reads = [t.op for t in source.op.inputs if t.op.type in _READS]
+    reads = [t.op for t in source.op.inputs
+             if t.op.type in dataflow.VARIABLE_READS]
     for op in reads or [source.op]:
       op._add_control_inputs([received])  # pylint: disable=protected-access
 
