@@ -25,6 +25,8 @@ from typing import Callable, Collection, Iterable, Iterator, Union
 import tensorflow as tf
 
 # ---------------------------------------------------------------- variables
+# Ops whose outputs are their inputs (a handle or a reference passes).
+IDENTITIES = frozenset({"Identity", "IdentityN", "RefIdentity"})
 # Ops that hold a variable (resource handles; ref variables).
 VARIABLES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 # Ops a device function places with the variables: the variables and the
@@ -44,8 +46,7 @@ READ_ONLY_VARIABLE_OPS = frozenset({
     "VarIsInitializedOp", "_ReadVariablesOp", "IsVariableInitialized",
     "DestroyResourceOp"})
 # Ops that take a variable and do not write it: reads, identities.
-VARIABLE_USES_NOT_WRITING = READ_ONLY_VARIABLE_OPS | {
-    "Identity", "IdentityN", "RefIdentity"}
+VARIABLE_USES_NOT_WRITING = READ_ONLY_VARIABLE_OPS | IDENTITIES
 # Writes of a whole variable (`assign`, `assign_add`, `assign_sub`).
 ASSIGNS = frozenset({"AssignVariableOp", "AssignAddVariableOp",
                      "AssignSubVariableOp", "Assign", "AssignAdd",
@@ -58,8 +59,6 @@ ADDITIVE_WRITES = frozenset({
     "ResourceScatterNdSub"})
 
 # --------------------------------------------------- values passed through
-# Ops whose outputs are their inputs (a handle or a reference passes).
-IDENTITIES = frozenset({"Identity", "IdentityN", "RefIdentity"})
 # Ops whose output holds their first input's values (another shape or type).
 SAME_VALUES = frozenset({"Identity", "Cast", "Reshape", "Squeeze",
                          "ExpandDims"})
@@ -114,7 +113,7 @@ ROW_SELECTORS = frozenset({"Where", "Unique", "UniqueV2", "DynamicPartition",
 # Gathers (rows, when along axis 0).
 GATHERS = frozenset({"GatherV2", "Gather", "GatherNd", "ResourceGather"})
 
-# --------------------------------------------- elementwise transforms
+# ------------------------------------------- gradients, random draws
 # Elementwise ops a transform of a gradient is made of: the gradient keeps
 # its variable's shape through them.
 ELEMENTWISE = frozenset({
@@ -131,6 +130,7 @@ RANDOM_PREFIXES = (
     "RandomPoisson", "RandomPoissonV2", "Multinomial", "StatelessRandom",
     "StatelessTruncatedNormal", "StatelessParameterizedTruncatedNormal",
     "StatefulStandardNormal", "StatefulUniform", "StatefulTruncatedNormal")
+# ---------------------------------------------------------------- kernels
 # oneDNN kernels that fail, abort or compute a wrong shape on a 0-example
 # batch (checked on TF 2.15.1: AvgPool, FusedBatchNorm, LRN, MatMul,
 # BatchMatMul, Conv2DBackpropInput handle it).
@@ -194,13 +194,10 @@ def walk(roots: Iterable, *, control: bool = False, stop: Stop = frozenset(),
     if op not in seen_ops:
       seen_ops.add(op)
       yield op
-    if stop_op(op):
-      continue
-    stack.extend(_parents(op, index, control, per_output, stop_tensor))
-    if bodies:
-      for body in function_bodies(op):
-        stack.extend(_item(t, per_output) for t in body.outputs)
-        stack.extend((c, None) for c in body.control_outputs)
+    if not stop_op(op):
+      stack.extend(_parents(op, index, control, per_output, stop_tensor))
+      if bodies:
+        stack.extend(_body_outputs(op, per_output))
 
 
 def _stops(stop: Stop) -> tuple:
@@ -229,6 +226,16 @@ def _parents(op: tf.Operation, index, control: bool, per_output: bool,
   if control and index is None:
     parents += [(c, None) for c in op.control_inputs]
   return parents
+
+
+def _body_outputs(op: tf.Operation, per_output: bool) -> list:
+  """(op, index) of the outputs and control outputs of the functions `op`
+  calls."""
+  items = []
+  for body in function_bodies(op):
+    items += [_item(t, per_output) for t in body.outputs]
+    items += [(c, None) for c in body.control_outputs]
+  return items
 
 
 def function_bodies(op: tf.Operation) -> list:
