@@ -41,9 +41,9 @@ def find_transformed(grads_and_vars: list, computed: frozenset = frozenset()
   from each gradient through elementwise ops that keep its variable's shape
   (`dataflow.ELEMENTWISE`) reaches the gradient the model_fn computed; the
   walk is a transform that one device would apply to the whole batch's
-  gradient if it
-  clips by value (a min or max along the way) or scales by a factor computed
-  from gradients (a norm: `clip_by_norm`, `clip_by_global_norm`). Scaling
+  gradient if it clips by value (a min or max along the way) or scales by a
+  factor computed from gradients (a norm: `clip_by_norm`,
+  `clip_by_global_norm`). Scaling
   by a constant is linear, hence exact. `computed`: ids of the gradients
   `TowerOptimizer.compute_gradients` returned, where the walk stops.
   """
