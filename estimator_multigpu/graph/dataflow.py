@@ -8,6 +8,8 @@ Every module that reads the graph's structure asks here (TensorFlow's own
   tensors (or a predicate), optionally through an `IdentityN` output by
   output (`tf.custom_gradient`'s) and into the bodies of the functions an op
   calls (`tf.cond`'s `If`, `tf.while_loop`'s `While`; `function_bodies`);
+- `before`: a tensor before the casts, reshapes (any op types) it comes
+  through;
 - `is_collective`: a cross-tower collective (TensorFlow's `Collective*`,
   NCCL's `Nccl*`);
 - the op types the package reads, one set per meaning (below): which ops
@@ -153,6 +155,14 @@ def is_collective(op: tf.Operation) -> bool:
 def draws_random(op: tf.Operation) -> bool:
   """An op drawing random numbers (`RANDOM_PREFIXES`)."""
   return op.type.startswith(RANDOM_PREFIXES)
+
+
+def before(tensor: tf.Tensor, op_types: Collection) -> tf.Tensor:
+  """`tensor` before the ops of `op_types` it comes out of, each followed
+  back through its first input (`SAME_VALUES`: casts, reshapes)."""
+  while tensor.op.type in op_types and tensor.op.inputs:
+    tensor = tensor.op.inputs[0]
+  return tensor
 
 
 Stop = Union[Callable[[tf.Operation], bool], Collection]

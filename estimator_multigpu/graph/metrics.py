@@ -88,9 +88,7 @@ class MetricUpdate:
 
 def _summed(delta: tf.Tensor) -> tf.Tensor:
   """What a delta sums (the input of its reduction), or the delta itself."""
-  tensor = delta
-  while tensor.op.type in dataflow.SAME_VALUES:
-    tensor = tensor.op.inputs[0]
+  tensor = dataflow.before(delta, dataflow.SAME_VALUES)
   if tensor.op.type in dataflow.SUMS_AND_COUNTS:
     return tensor.op.inputs[0]
   return tensor
@@ -100,8 +98,7 @@ def _sums_examples(tensor: tf.Tensor, analysis) -> bool:
   """A sum over the shard's examples, or a linear combination of such sums
   (Keras AUC adds cumulative sums of per-bucket counts, and totals minus
   them): each tower adds its shard's part, as one device adds the batch's."""
-  while tensor.op.type in dataflow.SAME_VALUES:
-    tensor = tensor.op.inputs[0]
+  tensor = dataflow.before(tensor, dataflow.SAME_VALUES)
   op = tensor.op
   if op.type in dataflow.SEGMENT_SUMS:
     return analysis.is_rows(op.inputs[0])

@@ -26,9 +26,7 @@ _KIND_OF_REDUCTION = {"Mean": MEAN, "Sum": SUM, "Max": MAX, "Min": MIN}
 
 def strip_pass_through(tensor: tf.Tensor) -> tf.Tensor:
   """`tensor` before casts, identities and reshapes (of the same values)."""
-  while tensor.op.type in dataflow.SAME_VALUES_OR_DEFAULT:
-    tensor = tensor.op.inputs[0]
-  return tensor
+  return dataflow.before(tensor, dataflow.SAME_VALUES_OR_DEFAULT)
 
 
 def statistic_kind(tensor: tf.Tensor, analysis: tensor_kinds.ShardAnalysis,

@@ -80,6 +80,15 @@ def test_walk_yields_each_op_once_and_stops_when_asked(graph):
   assert next(dataflow.walk([b])).name == "b"  # the root first.
 
 
+def test_before_follows_the_named_op_types_back(graph):
+  del graph
+  x = tf1.placeholder(tf.float32, [2, 3], name="x")
+  y = tf.cast(tf.reshape(tf.square(x), [6]), tf.float64)
+  assert dataflow.before(y, dataflow.SAME_VALUES).op.type == "Square"
+  assert dataflow.before(y, {"Cast"}).op.type == "Reshape"
+  assert dataflow.before(x, dataflow.SAME_VALUES) is x
+
+
 def test_cond_branches_only_with_bodies(graph):
   del graph
   x = tf1.placeholder(tf.float32, [], name="x")
