@@ -1,4 +1,4 @@
-"""The one reader of the graph: a walker over op inputs, and op types by meaning.
+"""The one reader of the graph: a walker over op inputs, op types by meaning.
 
 Every module that reads the graph's structure asks here (TensorFlow's own
 `op_selector.get_backward_walk_ops` is the model: one walker with options):

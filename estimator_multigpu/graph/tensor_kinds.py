@@ -32,6 +32,7 @@ from estimator_multigpu.graph import dataflow
 
 NONE, ROWS, STATISTIC, GLOBAL = "none", "rows", "statistic", "global"
 
+
 @dataclasses.dataclass
 class Coupling:
   """An op that makes per-example values out of a shard statistic."""
