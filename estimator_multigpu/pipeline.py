@@ -18,7 +18,6 @@ from estimator_multigpu import options as options_lib
 from estimator_multigpu import strategies
 from estimator_multigpu.graph import batch_size_param
 from estimator_multigpu.graph import calling
-from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import ema as ema_lib
 from estimator_multigpu.graph import empty_shards
 from estimator_multigpu.graph import global_calls
@@ -31,6 +30,7 @@ from estimator_multigpu.graph import readouts
 from estimator_multigpu.graph import specs as specs_lib
 from estimator_multigpu.graph import splitting
 from estimator_multigpu.graph import state_updates
+from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.cross_tower import across_tasks
 from estimator_multigpu.cross_tower import context
@@ -139,8 +139,8 @@ def _shares(split, examples) -> list:
 
 
 def _analyses(split) -> list:
-  """Per tower, what its tensors are relative to its shard (`dataflow`)."""
-  return [dataflow.shard_analysis(shard) for shard in split.shards]
+  """Per tower, what its tensors are relative to its shard (`tensor_kinds`)."""
+  return [tensor_kinds.shard_analysis(shard) for shard in split.shards]
 
 
 def _gradient_weights(options: Options, strategy) -> str:

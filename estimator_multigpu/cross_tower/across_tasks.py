@@ -23,11 +23,11 @@ import tensorflow as tf
 
 from estimator_multigpu import collectives
 from estimator_multigpu import compat
+from estimator_multigpu.graph import dataflow
 
 tf1 = tf.compat.v1
 
 CHIEF, WORKER, PS = "chief", "worker", "ps"
-_READS = frozenset(["ReadVariableOp", "Identity"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +150,8 @@ def _after(received: tf.Operation, local_variables: list) -> None:
     source = getattr(variable, "initial_value", None)
     if source is None or source.op.type != "Identity":
       continue
-    reads = [t.op for t in source.op.inputs if t.op.type in _READS]
+    reads = [t.op for t in source.op.inputs
+             if t.op.type in dataflow.VARIABLE_READS]
     for op in reads or [source.op]:
       compat.private(op, "_add_control_inputs")([received])
 

@@ -1,7 +1,7 @@
 """Regularization counted once per global batch, like one device.
 
 A weight regularization term r depends on the variables only (not on the
-shard: `dataflow.NONE`), so every tower that adds it to its loss adds the
+shard: `tensor_kinds.NONE`), so every tower that adds it to its loss adds the
 same r. The towers' losses are combined as Σᵢ wᵢ·lossᵢ: with
 `loss_reduction="mean"` (wᵢ = nᵢ/n, Σᵢ wᵢ = 1) r counts once, as on one
 device; with `"sum"` (wᵢ = 1) it would count once per tower, in the loss and
@@ -43,13 +43,13 @@ import tensorflow as tf
 from estimator_multigpu import compat
 from estimator_multigpu.graph import patching
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import tensor_kinds
 
 tf1 = tf.compat.v1
 _STATE = threading.local()
 _KEY = tf1.GraphKeys.REGULARIZATION_LOSSES
 # The zero terms made here (a loss term built from one is counted once).
 ZEROED = "estimator_multigpu_zeroed_regularization"
-_SUMS = frozenset({"Add", "AddV2", "AddN", "Identity"})
 
 
 @dataclasses.dataclass
@@ -57,7 +57,7 @@ class _TowerView:
   """What tower 1.. sees of REGULARIZATION_LOSSES."""
   graph: tf.Graph
   zero: bool  # weight terms are zero in this tower ("sum").
-  analysis: dataflow.ShardAnalysis  # the tower's own shard.
+  analysis: tensor_kinds.ShardAnalysis  # the tower's own shard.
   seen: list  # (tower 0's term, what the tower sees of it).
   zeroed: set = dataclasses.field(default_factory=set)  # refs made here.
 
@@ -68,19 +68,19 @@ def scope_factory(split, zero_weight_terms: bool) -> Callable:
     if tower.index == 0:
       return contextlib.nullcontext()
     return _tower_view(tower, zero_weight_terms,
-                       dataflow.shard_analysis(split.shards[0]),
-                       dataflow.shard_analysis(split.shards[tower.index]))
+                       tensor_kinds.shard_analysis(split.shards[0]),
+                       tensor_kinds.shard_analysis(split.shards[tower.index]))
   return scope
 
 
 @contextlib.contextmanager
-def _tower_view(tower, zero: bool, shard0: dataflow.ShardAnalysis,
-                own: dataflow.ShardAnalysis):
+def _tower_view(tower, zero: bool, shard0: tensor_kinds.ShardAnalysis,
+                own: tensor_kinds.ShardAnalysis):
   graph = tf1.get_default_graph()
   visible = graph.get_collection_ref(_KEY)
   entry = list(visible)
   weights = [t for t in map(_tensor, entry)
-             if shard0.status(t) == dataflow.NONE]
+             if shard0.status(t) == tensor_kinds.NONE]
   view = _TowerView(graph, zero, own, [])
   stack = _STATE.__dict__.setdefault("views", [])
   stack.append(view)
@@ -98,7 +98,7 @@ def _tower_view(tower, zero: bool, shard0: dataflow.ShardAnalysis,
 
 
 def _warn_per_tower_terms(loss: Optional[tf.Tensor],
-                          analysis: dataflow.ShardAnalysis) -> None:
+                          analysis: tensor_kinds.ShardAnalysis) -> None:
   """Warns about a term of `loss` computed from the variables only and from
   none of the zero terms: with "sum" it counts once per tower."""
   if loss is None:
@@ -106,8 +106,8 @@ def _warn_per_tower_terms(loss: Optional[tf.Tensor],
   variables = {v.op for v in tf1.global_variables() + tf1.local_variables()}
   zeroed = {t.op for t in tf1.get_collection(ZEROED)}
   for term in _summands(loss):
-    ancestors = dataflow.data_ancestors([term])
-    if (analysis.status(term) == dataflow.NONE and ancestors & variables
+    ancestors = dataflow.ancestors([term])
+    if (analysis.status(term) == tensor_kinds.NONE and ancestors & variables
         and not ancestors & zeroed):
       logging.warning(
           "multi_gpu(loss_reduction='sum'): the loss adds a term computed "
@@ -125,7 +125,7 @@ def _summands(loss: tf.Tensor) -> list:
   terms, stack = [], [loss]
   while stack:
     tensor = stack.pop()
-    if tensor.op.type in _SUMS:
+    if tensor.op.type in dataflow.SUMS_OF_INPUTS:
       stack.extend(tensor.op.inputs)
     else:
       terms.append(tensor)
@@ -177,7 +177,7 @@ def _get_regularization_losses(scope=None) -> list:
   shown = {s.ref() for _, s in view.seen}
   again = [t for t in terms if t.ref() not in shown and
            t.ref() not in view.zeroed and
-           view.analysis.status(t) == dataflow.NONE]
+           view.analysis.status(t) == tensor_kinds.NONE]
   hidden = _counterparts(again, view.seen)
   repeated = {t.ref() for t in again}
   return [_zeroed(view, t) if view.zero and t.ref() in repeated else t
@@ -189,7 +189,7 @@ def _counterparts(terms: list, seen: list) -> set:
   repeat: the same op type over the same variables, in order."""
   variables = {v.op for v in tf1.global_variables() + tf1.local_variables()}
   signature = lambda t: (t.op.type, t.dtype, frozenset(  # pylint: disable=g-long-lambda
-      dataflow.data_ancestors([t]) & variables))
+      dataflow.ancestors([t]) & variables))
   hidden = set()
   for term in terms:
     for original, visible in seen:

@@ -7,10 +7,13 @@ precision inside the towers), `specs` (one EstimatorSpec from the towers')
 and `ema` (the moving average of the weights).
 
 What the user reads and writes: `global_calls` (metric and summary APIs
-built once from the global batch; `readout_apis` lists them), `metrics`
-(metric code of its own, inferred), `readouts`, `hook_fetches` and
-`hook_rewrites` (summaries and hooks), `state_updates` and `writes`
-(variables the model_fn writes), `model_savers`, `batch_size_param`,
-`prediction_padding`; `dataflow` reads the graph for all of them and
+built once from the global batch; `readout_apis` lists them,
+`global_values` feeds them the global batch's values), `metrics` (metric
+code of its own, inferred), `readouts`, `hook_fetches` and `hook_rewrites`
+(summaries and hooks), `state_updates` and `writes` (variables the
+model_fn writes), `model_savers`, `batch_size_param`, `prediction_padding`;
+`dataflow` reads the graph for all of them (the one walker, collectives,
+op types by meaning), `tensor_kinds` says what a tensor is relative to the
+shard, `shard_statistics` how a statistic combines over the towers, and
 `warn_once` says each warning once per model.
 """

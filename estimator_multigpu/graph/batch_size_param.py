@@ -11,7 +11,7 @@ worse, regroup the shard's numbers silently. `check` finds such a use in
 tower 0's graph from the dataflow and refuses it in one line naming
 `tf.shape(x)[0]`:
 
-- a Reshape of the shard's per-example values (`dataflow.ROWS`) whose
+- a Reshape of the shard's per-example values (`tensor_kinds.ROWS`) whose
   target's leading entry is B while its input's is not;
 - an op that joins the shard's per-example values (leading dimension not B)
   with a tensor not derived from the shard whose leading dimension is B
@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable, Optional
 import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import shard_statistics
+from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import warn_once
 
 KEY = "batch_size"
@@ -83,7 +85,7 @@ def check(ops: Iterable[tf.Operation], split, batch: int) -> None:
   Raises:
     ValueError: naming the op, `params["batch_size"]` and `tf.shape(x)[0]`.
   """
-  analysis = dataflow.shard_analysis(split.shards[0])
+  analysis = tensor_kinds.shard_analysis(split.shards[0])
   for op in ops:
     if not op.outputs or _leading(op.outputs[0]) != batch:
       continue
@@ -120,7 +122,7 @@ def _check_failed_op(error: ValueError, graph: tf.Graph, split,
     target = None if target is None else tf.TensorShape(
         [d if d >= 0 else None for d in target.tolist()])
   what = _batch_dimension_use(match.group(1), inputs, batch,
-                              dataflow.shard_analysis(split.shards[0]),
+                              tensor_kinds.shard_analysis(split.shards[0]),
                               target=target)
   if what:
     raise ValueError(_message(what, batch, len(split.shards))) from error
@@ -134,7 +136,7 @@ def _leading(tensor: tf.Tensor) -> Optional[int]:
 
 
 def _batch_dimension_use(op_type: str, inputs: list, batch: int,
-                         analysis: dataflow.ShardAnalysis,
+                         analysis: tensor_kinds.ShardAnalysis,
                          target: Optional[tf.TensorShape]) -> Optional[str]:
   """What an op of `op_type` does with `batch` as a batch dimension, or
   None; `target`: its output's shape (a Reshape's target), if known."""
@@ -147,7 +149,7 @@ def _batch_dimension_use(op_type: str, inputs: list, batch: int,
     return (f"reshapes the shard's per-example values (shape "
             f"{rows[0].shape}) to {target}")
   made = [t for t in inputs if _leading(t) == batch and
-          analysis.status(t) == dataflow.NONE]
+          analysis.status(t) == tensor_kinds.NONE]
   if not made:
     return None
   return (f"joins the shard's per-example values (shape {rows[0].shape}) "
@@ -179,10 +181,10 @@ def check_loss(tower0, params: Any, split, loss_reduction: str) -> None:
   if (loss is None or batch is None or loss_reduction != "mean" or
       len(split.shards) < 2):
     return
-  analysis = dataflow.shard_analysis(split.shards[0])
-  op = dataflow.strip_pass_through(loss).op
-  if op.type not in ("RealDiv", "Div", "DivNoNan", "Mul") or len(
-      op.inputs) != 2:
+  analysis = tensor_kinds.shard_analysis(split.shards[0])
+  strip = shard_statistics.strip_pass_through
+  op = strip(loss).op
+  if op.type not in dataflow.SCALES or len(op.inputs) != 2:
     return
   total, scale = op.inputs
   value = tf.get_static_value(scale)
@@ -190,10 +192,10 @@ def check_loss(tower0, params: Any, split, loss_reduction: str) -> None:
     return
   divides = (op.type != "Mul" and float(value) == batch) or (
       op.type == "Mul" and math.isclose(float(value) * batch, 1.0, rel_tol=1e-6))
-  shares = {dataflow.strip_pass_through(t).ref() for t in
+  shares = {strip(t).ref() for t in
             tower0.collections.get(tf.compat.v1.GraphKeys.LOSSES, [])}
-  if (divides and dataflow.strip_pass_through(total).ref() not in shares and
-      dataflow.statistic_kind(total, analysis) == dataflow.SUM):
+  if (divides and strip(total).ref() not in shares and
+      shard_statistics.statistic_kind(total, analysis) == shard_statistics.SUM):
     warn_once.warn(
         ("sum over params batch_size",),
         f"multi_gpu: the model_fn's loss is a sum over the batch divided by "

@@ -19,14 +19,13 @@ from typing import Any
 import tensorflow as tf
 
 from estimator_multigpu import compat
+from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import global_calls
 
 function_utils = compat.internal("function_utils")
 
 
 ModeKeys = tf.estimator.ModeKeys
-
-_FED = frozenset(["Placeholder", "PlaceholderV2"])
 
 
 def call_model_fn(model_fn, features, labels, mode, params, config):
@@ -74,14 +73,5 @@ def is_serving_graph(features: Any, mode: str) -> bool:
 
 def _is_fed(op: tf.Operation) -> bool:
   """Whether a Placeholder is among `op` and the ops it reads from."""
-  seen, stack = set(), [op]
-  while stack:
-    current = stack.pop()
-    if current.type in _FED:
-      return True
-    if current in seen:
-      continue
-    seen.add(current)
-    stack.extend(t.op for t in current.inputs)
-    stack.extend(current.control_inputs)
-  return False
+  return any(current.type in dataflow.PLACEHOLDERS
+             for current in dataflow.walk([op], control=True))

@@ -10,10 +10,10 @@ the process. GPU kernels handle empty batches correctly.
 
 So in a tower that runs on a CPU, whose shard can be empty (statically
 empty, or of a size known only at run time, for towers 1..), with oneDNN
-enabled, each op of `UNSAFE_OPS` the model_fn creates is built inside
-`tf.cond(batch > 0, op, empty result)`: the op never runs on an empty batch
-and an empty shard yields an empty result of the right shape, so the numbers
-are one device's. Its gradient goes through the cond. Towers on GPUs, tower
+enabled, each op of `dataflow.EMPTY_BATCH_UNSAFE` the model_fn creates is
+built inside `tf.cond(batch > 0, op, empty result)`: the op never runs on an
+empty batch and an empty shard yields an empty result of the right shape, so
+the numbers are one device's. Its gradient goes through the cond. Towers on GPUs, tower
 0 (which always has an example) and shards known to be non-empty get nothing.
 """
 
@@ -25,6 +25,7 @@ import threading
 import tensorflow as tf
 
 from estimator_multigpu import compat
+from estimator_multigpu.graph import dataflow
 
 func_graph = compat.internal("func_graph")
 op_callbacks = compat.internal("op_callbacks")
@@ -32,13 +33,6 @@ _pywrap_util_port = compat.internal("util_port")
 
 
 tf1 = tf.compat.v1
-
-# oneDNN kernels that fail, abort or compute a wrong shape on a 0-example
-# batch (checked on TF 2.15.1: AvgPool, FusedBatchNorm, LRN, MatMul,
-# BatchMatMul, Conv2DBackpropInput handle it).
-UNSAFE_OPS = frozenset([
-    "Conv2D", "Conv3D", "DepthwiseConv2dNative", "MaxPool", "MaxPoolV2",
-    "MaxPool3D", "MaxPoolWithArgmax"])
 
 _STATE = threading.local()
 
@@ -53,7 +47,8 @@ def scope_factory(split):
 
 
 def needs_guard(tower, may_be_empty: bool) -> bool:
-  """Whether `tower` must keep `UNSAFE_OPS` away from an empty batch."""
+  """Whether `tower` must keep `dataflow.EMPTY_BATCH_UNSAFE` away from an
+  empty batch."""
   device = tower.device or ""
   return (may_be_empty and "GPU" not in device.upper() and
           _pywrap_util_port.IsMklEnabled())
@@ -61,7 +56,8 @@ def needs_guard(tower, may_be_empty: bool) -> bool:
 
 @contextlib.contextmanager
 def guarded_ops():
-  """Builds each `UNSAFE_OPS` op created inside so it skips empty batches."""
+  """Builds each `dataflow.EMPTY_BATCH_UNSAFE` op created inside so it skips
+  empty batches."""
   op_callbacks.add_op_callback(_guard)
   try:
     yield
@@ -72,7 +68,8 @@ def guarded_ops():
 def _guard(op_type, inputs, attrs, outputs, op_name=None, graph=None):
   """An op callback: the op again, inside `tf.cond(batch > 0, ...)`."""
   del op_name
-  if (op_type not in UNSAFE_OPS or getattr(_STATE, "inside", False) or
+  if (op_type not in dataflow.EMPTY_BATCH_UNSAFE or
+      getattr(_STATE, "inside", False) or
       isinstance(graph, func_graph.FuncGraph) or not inputs or
       not outputs or  # None when the op is not built yet (Keras Conv2D).
       any(output.shape.rank is None for output in outputs)):

@@ -13,14 +13,10 @@ Keras `Metric.update_state`, a `TPUEstimatorSpec`'s `eval_metrics` and
   also builds its own update, never run, for the variables it makes
   lazily), and their arguments are recorded, call by call.
 - Once every tower is built, `Recorder.bind` feeds each stub the global
-  batch's value: per-example tensors (`dataflow.ROWS`) concatenated in tower
-  order, which is input order (SparseTensors too); a shard statistic
-  combined over the towers by what it is: the tower's loss, a `LOSSES` term
-  or an `emg.global_ratio` share Σᵢ wᵢ·xᵢ with the towers' loss weights,
-  a ratio of sums Σᵢ numeratorᵢ / Σᵢ denominatorᵢ, a mean Σᵢ (nᵢ/n)·xᵢ, a sum or a
-  count of examples Σᵢ xᵢ, a max or a min over the towers
-  (`dataflow.statistic_kind`). A statistic of no such kind keeps tower 0's
-  value, with a WARNING naming the API and the fix.
+  batch's value (`global_values`): per-example tensors joined in tower
+  order, a shard statistic combined over the towers by what it is; one of
+  no such kind keeps tower 0's value, with a WARNING naming the API and the
+  fix.
 
 So the API sees exactly the tensors one device would, and its result is one
 device's whatever it computes from them; one update runs per step, so
@@ -40,8 +36,10 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import global_values
+from estimator_multigpu.graph import shard_statistics
 from estimator_multigpu.graph import sharing
-from estimator_multigpu.graph import towers as towers_lib
+from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import warn_once
 
 tf1 = tf.compat.v1
@@ -70,17 +68,17 @@ class Recorder:
   """The wrapped calls of one graph's towers (see the module doc).
 
   Args:
-    analysis: tower 0's `dataflow.ShardAnalysis`.
+    analysis: tower 0's `tensor_kinds.ShardAnalysis`.
     loss_reduction: the `multi_gpu` option (how loss terms combine).
   """
 
-  def __init__(self, analysis: dataflow.ShardAnalysis,
+  def __init__(self, analysis: tensor_kinds.ShardAnalysis,
                loss_reduction: str = "mean"):
     self._analysis = analysis
     # A loss term's kind: the towers' loss weights are their shares of the
     # examples ("mean") or 1 ("sum").
-    self._loss_kind = (dataflow.MEAN if loss_reduction == "mean" else
-                       dataflow.SUM)
+    self._loss_kind = (shard_statistics.MEAN if loss_reduction == "mean" else
+                       shard_statistics.SUM)
     self._calls: list = []  # tower 0's `Call`s, in call order.
     self._arguments: dict = {}  # tower index -> [flat arguments per call].
     # Every op the wrapped calls made, in any tower (stubs included): towers
@@ -141,9 +139,9 @@ class Recorder:
     for position, leaf in enumerate(flat):
       kind = self._kind(leaf, problems)
       if kind is not None:
-        fed[position] = _stub(leaf, kind == dataflow.ROWS)
+        fed[position] = global_values.stub(leaf, kind == tensor_kinds.ROWS)
         stubs[position] = (fed[position], kind)
-        for stub in _components(fed[position]):
+        for stub in global_values.components(fed[position]):
           self._analysis.mark_global(stub)
     args, kwargs = tf.nest.pack_sequence_as((args, kwargs), fed)
     with contextlib.ExitStack() as stack:
@@ -158,23 +156,24 @@ class Recorder:
   def _kind(self, leaf, problems: list) -> Optional[str]:
     """ROWS, STATISTIC, or None for an argument the shard does not make
     (or one `multi_gpu` cannot join: warned)."""
-    tensors = _components(leaf)
+    tensors = global_values.components(leaf)
     if not tensors:
       return None
     if isinstance(leaf, tf.SparseTensor):
-      return dataflow.ROWS if any(
-          self._analysis.status(t) == dataflow.ROWS for t in tensors) else None
+      rows = any(self._analysis.status(t) == tensor_kinds.ROWS
+                 for t in tensors)
+      return tensor_kinds.ROWS if rows else None
     status = self._analysis.status(leaf)
-    if status == dataflow.GLOBAL:
+    if status == tensor_kinds.GLOBAL:
       return None
-    if status != dataflow.ROWS and self._batch_shaped(leaf):
+    if status != tensor_kinds.ROWS and self._batch_shaped(leaf):
       # A batch-level value tiled to the shard, weights of ones shaped
       # like it: one row per example all the same.
-      return dataflow.ROWS
-    if status == dataflow.ROWS:
-      return dataflow.ROWS if self._joinable(leaf, problems) else None
-    if status == dataflow.STATISTIC or self._from_shard(leaf):
-      return dataflow.STATISTIC  # counts and other integers too.
+      return tensor_kinds.ROWS
+    if status == tensor_kinds.ROWS:
+      return tensor_kinds.ROWS if self._joinable(leaf, problems) else None
+    if status == tensor_kinds.STATISTIC or self._from_shard(leaf):
+      return tensor_kinds.STATISTIC  # counts and other integers too.
     return None
 
   def _joinable(self, leaf: tf.Tensor, problems: list) -> bool:
@@ -191,7 +190,7 @@ class Recorder:
           "shard. Fix: put the batch axis first (tf.transpose) before the "
           "call."))
       return False
-    if not dataflow.whole_shard(leaf, self._analysis):
+    if not shard_statistics.whole_shard(leaf, self._analysis):
       problems.append((
           "coupled input",
           f"reads {leaf.name}, per-example values computed from a statistic "
@@ -202,8 +201,8 @@ class Recorder:
     return True
 
   def _from_shard(self, tensor: tf.Tensor) -> bool:
-    return any(self._analysis.status(t) == dataflow.ROWS
-               for op in dataflow.data_ancestors([tensor]) for t in op.outputs)
+    return any(self._analysis.status(t) == tensor_kinds.ROWS
+               for op in dataflow.ancestors([tensor]) for t in op.outputs)
 
   def _batch_shaped(self, tensor: tf.Tensor) -> bool:
     """Whether `tensor`'s first dimension is the shard's: its static size
@@ -230,48 +229,15 @@ class Recorder:
     """Feeds every stub the global batch's value (see the module doc)."""
     if len(towers) < 2:
       return
-    losses = _loss_terms(towers[0])
+    combiner = global_values.Combiner(self._analysis, self._loss_kind,
+                                      towers, shares)
     for position, call in enumerate(self._calls):
       for argument, (stub, kind) in call.stubs.items():
         pieces = [self._arguments[t.index][position][argument]
                   for t in towers]
-        with tf.device(_device(stub)), tf.name_scope("global_batch"):
-          value = (_concat(pieces) if kind == dataflow.ROWS else
-                   self._combine(call, pieces, towers, shares, losses))
-        if value is not None:
-          _feed(stub, value)
+        global_values.bind(stub, pieces, kind, combiner, call.problems)
       if call.problems:
         call.warn(_names(call, towers[0].spec))
-
-  def _combine(self, call, pieces, towers, shares, losses) -> Optional[Any]:
-    """The global batch's value of a statistic of the shards, or None."""
-    first = dataflow.strip_pass_through(pieces[0])
-    if any(first is dataflow.strip_pass_through(t) for t in losses):
-      return _weighted_sum(pieces, [t.loss_weight for t in towers])
-    kind = dataflow.statistic_kind(pieces[0], self._analysis, {
-        t.ref(): self._loss_kind for t in losses})
-    if kind == dataflow.MEAN:
-      return _weighted_sum(pieces, shares)
-    if kind == dataflow.SUM:
-      return tf.math.add_n(pieces)
-    if kind == dataflow.RATIO:
-      parts = [dataflow.strip_pass_through(p).op.inputs[:2] for p in pieces]
-      numerator, denominator = (tf.math.add_n([tf.cast(p[i], tf.float32)
-                                               for p in parts])
-                                for i in (0, 1))
-      return tf.math.divide_no_nan(numerator, denominator)
-    if kind in (dataflow.MAX, dataflow.MIN):
-      reduce = tf.reduce_max if kind == dataflow.MAX else tf.reduce_min
-      return reduce(tf.stack(pieces), axis=0)
-    call.problems.append((
-        "statistic",
-        f"reads {pieces[0].name}, a statistic of tower 0's shard that is not "
-        "a mean, sum, max, min or count of its examples (a "
-        f"{pieces[0].op.type}), so `multi_gpu` cannot combine it over the "
-        "towers: it shows tower 0's shard. Fix: pass per-example values (the "
-        "API then sees the global batch), or compute the statistic over the "
-        "global batch with emg.cross_tower_sum / emg.global_ratio."))
-    return None
 
 
 def _names(call: Call, spec) -> str:
@@ -279,7 +245,7 @@ def _names(call: Call, spec) -> str:
   its summary tag."""
   metrics = getattr(spec, "eval_metric_ops", None) or {}
   keys = [key for key, (value, update) in metrics.items()
-          if call.ops & _ancestors([value, update])]
+          if call.ops & dataflow.ancestors([value, update], control=True)]
   if keys:
     return "eval metric " + ", ".join(repr(k) for k in keys)
   return f"summary {call.tag!r}" if call.tag else "a readout"
@@ -305,10 +271,6 @@ def _tag(api: str, args: tuple, kwargs: dict) -> Optional[str]:
     return None
   name = args[0] if args else kwargs.get("name")
   return name if isinstance(name, str) else None
-
-
-def _ancestors(roots: list) -> set:
-  return dataflow.ancestors([getattr(r, "op", r) for r in roots])
 
 
 def current() -> Optional[tuple]:
@@ -337,60 +299,3 @@ def _run_nested(fn: Callable, args: tuple, kwargs: dict) -> Any:
     return fn(*args, **kwargs)
   finally:
     _STATE.nested = outer
-
-
-def _components(leaf) -> list:
-  if isinstance(leaf, tf.SparseTensor):
-    return [leaf.indices, leaf.values, leaf.dense_shape]
-  return [leaf] if isinstance(leaf, tf.Tensor) else []
-
-
-def _stub(leaf, rows: bool):
-  """A stand-in for `leaf` whose input `bind` replaces; a per-example
-  tensor's leading dimension is left unknown."""
-  if isinstance(leaf, tf.SparseTensor):
-    return tf.SparseTensor(_placeholder(leaf.indices, True),
-                           _placeholder(leaf.values, True),
-                           _placeholder(leaf.dense_shape, False))
-  return _placeholder(leaf, rows)
-
-
-def _placeholder(tensor: tf.Tensor, rows: bool) -> tf.Tensor:
-  """An identity whose input `_feed` replaces; its input's shape (the one
-  a new input must agree with) has an unknown first dimension for `rows`."""
-  shape = tensor.shape
-  if rows and shape.rank:
-    shape = tf.TensorShape([None]).concatenate(shape[1:])
-  return tf.identity(tf1.placeholder_with_default(tensor, shape),
-                     name="global_batch_stub")
-
-
-def _feed(stub, value) -> None:
-  for placeholder, tensor in zip(_components(stub), _components(value)):
-    compat.private(placeholder.op, "_update_input")(
-        0, tf.cast(tensor, placeholder.dtype))
-
-
-def _device(stub) -> str:
-  return _components(stub)[0].device
-
-
-def _concat(pieces: list):
-  if isinstance(pieces[0], tf.SparseTensor):
-    return tf.sparse.concat(0, pieces, expand_nonconcat_dims=True)
-  return tf.concat(pieces, axis=0)
-
-
-def _weighted_sum(pieces: list, weights: list) -> tf.Tensor:
-  return tf.math.add_n([tf.math.multiply_no_nan(p, tf.cast(w, p.dtype))
-                        for p, w in zip(pieces, weights)])
-
-
-def _loss_terms(tower0) -> list:
-  """Tower 0's tensors the towers' loss weights combine: its loss, its
-  `LOSSES` terms and its `emg.global_ratio` shares."""
-  terms = [tower0.spec.loss] + list(
-      tower0.collections.get(tf1.GraphKeys.LOSSES, [])) + [
-          ratio for ratio, _ in tower0.collections.get(
-              towers_lib.NORMALIZERS, [])]
-  return [t for t in terms if isinstance(t, tf.Tensor)]

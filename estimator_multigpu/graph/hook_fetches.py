@@ -6,10 +6,12 @@ other tower (the same op type at the same position in the tower's ops, same
 dtype; a per-example tensor may differ in its first dimension) and gives its
 global batch's value:
 
-    a per-example tensor (`dataflow.ROWS`):  every tower's, concatenated along
-                                             axis 0 in tower order (= input order)
-    a statistic of the shard (a scalar):     combined as `readouts.Readouts`
-                                             combines it (loss weight, nᵢ/n, Σ)
+    a per-example tensor (`tensor_kinds.ROWS`): every tower's, concatenated
+                                                along axis 0 in tower order
+                                                (= input order)
+    a statistic of the shard (a scalar):        combined as `readouts.Readouts`
+                                                combines it (loss weight,
+                                                nᵢ/n, Σ)
 
 either as a tensor when the graph is built (`global_tensor`), or from the
 values of every tower's tensor at run time, once the graph is final
@@ -28,6 +30,7 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import warn_once
 
 ROWS = "rows"
@@ -76,17 +79,17 @@ class GlobalFetches:
     readouts: a `readouts.Readouts` of these towers (scalar statistics).
     towers: the built towers.
     shares: each tower's share of the global batch, nᵢ / n.
-    analysis: tower 0's `dataflow.ShardAnalysis`.
+    analysis: tower 0's `tensor_kinds.ShardAnalysis`.
     ranges: the `readouts.OpRanges` that recorded the towers' ops.
   """
 
   def __init__(self, readouts, towers: list, shares: list,
-               analysis: dataflow.ShardAnalysis, ranges, shards=()):
+               analysis: tensor_kinds.ShardAnalysis, ranges, shards=()):
     self._readouts, self._towers, self._shares = readouts, towers, shares
     self._analysis, self._ranges = analysis, ranges
     # The towers' inputs (features, labels), leaf by leaf: a hook that
     # fetches them gets the global batch's.
-    self._inputs = [dataflow.shard_leaves(shard) for shard in shards]
+    self._inputs = [tensor_kinds.shard_leaves(shard) for shard in shards]
     self._input_index = {t.ref(): i for i, t in enumerate(
         self._inputs[0] if self._inputs else [])}
     self._by_type: dict = {}
@@ -99,9 +102,10 @@ class GlobalFetches:
     if not self._in_tower0(tensor):
       return None
     status = self._analysis.status(tensor)
-    if status == dataflow.STATISTIC:
+    if status == tensor_kinds.STATISTIC:
       return self._readouts.combined(tensor, what)
-    pairing = self.pairing(tensor, what) if status == dataflow.ROWS else None
+    pairing = (self.pairing(tensor, what) if status == tensor_kinds.ROWS
+               else None)
     if pairing is None:
       return None
     if tensor.ref() not in self._concats:
@@ -124,10 +128,10 @@ class GlobalFetches:
     status = self._analysis.status(tensor)
     if tensor.ref() in self._input_index:
       return self._paired(tensor, what, ROWS, self._input_counterpart, [])
-    if status == dataflow.ROWS:
+    if status == tensor_kinds.ROWS:
       return self._paired(tensor, what, ROWS, self._rows_counterpart, [])
-    if status != dataflow.STATISTIC or not tensor.dtype.is_floating:
-      if status == dataflow.NONE and dataflow.data_ancestors(
+    if status != tensor_kinds.STATISTIC or not tensor.dtype.is_floating:
+      if status == tensor_kinds.NONE and dataflow.ancestors(
           [tensor]) & self._shard_ops():
         self._warn(tensor, what, None)  # an integer statistic, an argmax.
       return None

@@ -20,6 +20,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import hook_fetches
 from estimator_multigpu.graph import state_updates
 
@@ -72,7 +73,8 @@ def run_peer_collectives(hook) -> None:
   them, not before: the peers need tower 0's collective to finish); a
   collective waits for every tower of its group (the 600 s timeout)."""
   def with_peers(tensor):
-    peers = state_updates.peer_collectives(state_updates.ancestors([tensor]))
+    peers = state_updates.peer_collectives(dataflow.ancestors(
+        [tensor], control=True, per_output=True))
     if not peers:
       return tensor
     with tf.control_dependencies(peers):

@@ -25,7 +25,7 @@ metric (once per model_fn and mode):
 How each kind is found: a metric's state variables are those its update op
 assigns (the assignments a wrapped API built are not counted); a delta (the
 value an assignment adds) is batch-level when what it sums holds no
-per-example dimension (`dataflow.ShardAnalysis`), and an update reads its
+per-example dimension (`tensor_kinds.ShardAnalysis`), and an update reads its
 state when a delta is computed from a state variable.
 """
 
@@ -39,27 +39,13 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import warn_once
 
 tf1 = tf.compat.v1
 
-_ASSIGNS = frozenset({"AssignAddVariableOp", "AssignVariableOp",
-                      "AssignSubVariableOp", "AssignAdd", "Assign",
-                      "AssignSub"})
-_STATE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
-_PASS_THROUGH = frozenset({"Cast", "Identity", "Reshape", "Squeeze",
-                           "ExpandDims"})
-# A metric's own additions: sums and counts over what it is fed.
-_REDUCTIONS = frozenset({"Sum", "Size"})
-# Sums over examples grouped by a per-example index (Keras AUC's buckets).
-_SEGMENT_SUMS = frozenset({"UnsortedSegmentSum", "SegmentSum"})
-# Ops whose output is a sum over examples when every input (x for Cumsum)
-# is one: tower i adds its shard's part, the towers add up to the batch's.
-_LINEAR = frozenset({"Cumsum", "Neg", "Add", "AddV2", "Sub", "AddN"})
-
-
-_KINDS = {dataflow.ROWS: "rows", dataflow.STATISTIC: "batch",
-          dataflow.GLOBAL: "batch", dataflow.NONE: None}
+_KINDS = {tensor_kinds.ROWS: "rows", tensor_kinds.STATISTIC: "batch",
+          tensor_kinds.GLOBAL: "batch", tensor_kinds.NONE: None}
 
 
 class MetricUpdate:
@@ -67,9 +53,10 @@ class MetricUpdate:
 
   def __init__(self, update, built: frozenset = frozenset()):
     self.op = update if isinstance(update, tf.Operation) else update.op
-    ancestors = dataflow.ancestors([self.op])
-    self.assigns = [op for op in ancestors if op.type in _ASSIGNS and
-                    op.inputs[0].op.type in _STATE_OPS and op not in built]
+    ancestors = dataflow.ancestors([self.op], control=True)
+    self.assigns = [
+        op for op in ancestors if op.type in dataflow.ASSIGNS and
+        op.inputs[0].op.type in dataflow.VARIABLES and op not in built]
     self.state = {op.inputs[0].op for op in self.assigns}
     self.ancestors = ancestors
 
@@ -79,9 +66,9 @@ class MetricUpdate:
 
   def reads_state(self) -> bool:
     """Whether a delta is computed from the metric's own state."""
-    return bool(dataflow.data_ancestors(self.deltas) & self.state)
+    return bool(dataflow.ancestors(self.deltas) & self.state)
 
-  def kinds(self, analysis: dataflow.ShardAnalysis) -> set:
+  def kinds(self, analysis: tensor_kinds.ShardAnalysis) -> set:
     """{"rows"} (sums over examples), {"batch"}, both, or {None} (nothing
     from the shard: a constant count, which either weighting keeps)."""
     kinds = {"rows" if _sums_examples(delta, analysis) else
@@ -102,27 +89,26 @@ class MetricUpdate:
 
 def _summed(delta: tf.Tensor) -> tf.Tensor:
   """What a delta sums (the input of its reduction), or the delta itself."""
-  tensor = delta
-  while tensor.op.type in _PASS_THROUGH:
-    tensor = tensor.op.inputs[0]
-  return tensor.op.inputs[0] if tensor.op.type in _REDUCTIONS else tensor
+  tensor = dataflow.before(delta, dataflow.SAME_VALUES)
+  if tensor.op.type in dataflow.SUMS_AND_COUNTS:
+    return tensor.op.inputs[0]
+  return tensor
 
 
 def _sums_examples(tensor: tf.Tensor, analysis) -> bool:
   """A sum over the shard's examples, or a linear combination of such sums
   (Keras AUC adds cumulative sums of per-bucket counts, and totals minus
   them): each tower adds its shard's part, as one device adds the batch's."""
-  while tensor.op.type in _PASS_THROUGH:
-    tensor = tensor.op.inputs[0]
+  tensor = dataflow.before(tensor, dataflow.SAME_VALUES)
   op = tensor.op
-  if op.type in _SEGMENT_SUMS:
+  if op.type in dataflow.SEGMENT_SUMS:
     return analysis.is_rows(op.inputs[0])
   if op.type == "Cumsum":
     return _sums_examples(op.inputs[0], analysis)
-  if op.type in _LINEAR:
+  if op.type in dataflow.LINEAR_IN_SUMS:
     return all(_sums_examples(t, analysis) for t in op.inputs)
-  return (op.type in _REDUCTIONS and not analysis.is_rows(tensor) and
-          analysis.is_rows(op.inputs[0]))
+  return (op.type in dataflow.SUMS_AND_COUNTS and
+          not analysis.is_rows(tensor) and analysis.is_rows(op.inputs[0]))
 
 
 def merge_eval_metric_ops(towers: list, shares: Optional[list] = None,
@@ -133,7 +119,7 @@ def merge_eval_metric_ops(towers: list, shares: Optional[list] = None,
   Args:
     towers: the towers (their specs hold `eval_metric_ops`).
     shares: each tower's share of the global batch, nᵢ / n.
-    analyses: each tower's `dataflow.ShardAnalysis`.
+    analyses: each tower's `tensor_kinds.ShardAnalysis`.
     built: the ops wrapped APIs built once from the global batch.
   """
   first = towers[0].spec.eval_metric_ops or {}
@@ -209,10 +195,11 @@ COUPLING_FIX = (
     "emg.check_towers compares the metric to one device's")
 
 
-def _coupling(update: MetricUpdate, analysis) -> Optional[dataflow.Coupling]:
+def _coupling(update: MetricUpdate,
+              analysis) -> Optional[tensor_kinds.Coupling]:
   for delta in update.deltas:
     analysis.status(delta)
-  ancestors = dataflow.data_ancestors(update.deltas)
+  ancestors = dataflow.ancestors(update.deltas)
   return next((c for c in analysis.couplings if c.op in ancestors), None)
 
 

@@ -32,7 +32,9 @@ from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import hook_fetches
 from estimator_multigpu.graph import hook_rewrites
+from estimator_multigpu.graph import shard_statistics
 from estimator_multigpu.graph import state_updates
+from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import warn_once
 
 tf1 = tf.compat.v1
@@ -97,7 +99,7 @@ class Readouts:
   """Builds the global-batch value of tower 0's scalars (see module doc)."""
 
   def __init__(self, towers: list, shares: list,
-               analysis: dataflow.ShardAnalysis, ranges: OpRanges):
+               analysis: tensor_kinds.ShardAnalysis, ranges: OpRanges):
     self._towers, self._shares = towers, shares
     self._analysis, self._ranges = analysis, ranges
     self._combined: dict = {}
@@ -112,7 +114,7 @@ class Readouts:
 
   def _build(self, tensor: tf.Tensor, what: str) -> Optional[tf.Tensor]:
     if (not tensor.dtype.is_floating or not self._ranges.in_tower(tensor, 0)
-        or self._analysis.status(tensor) != dataflow.STATISTIC):
+        or self._analysis.status(tensor) != tensor_kinds.STATISTIC):
       return None
     pieces = [tensor] + [self._ranges.counterpart(tensor, i)
                          for i in range(1, len(self._towers))]
@@ -137,8 +139,9 @@ class Readouts:
         tower0.collections.get(tf1.GraphKeys.LOSSES, []))
     if any(tensor is loss for loss in losses if loss is not None):
       return "loss"
-    kind = dataflow.statistic_kind(tensor, self._analysis)
-    return kind if kind in (dataflow.MEAN, dataflow.SUM) else None
+    kind = shard_statistics.statistic_kind(tensor, self._analysis)
+    return (kind if kind in (shard_statistics.MEAN, shard_statistics.SUM)
+            else None)
 
   def _weights(self, tensor: tf.Tensor) -> Optional[list]:
     tower0 = self._towers[0]
@@ -146,10 +149,10 @@ class Readouts:
         tower0.collections.get(tf1.GraphKeys.LOSSES, []))
     if any(tensor is loss for loss in losses if loss is not None):
       return [t.loss_weight for t in self._towers]
-    kind = dataflow.statistic_kind(tensor, self._analysis)
-    if kind == dataflow.MEAN:
+    kind = shard_statistics.statistic_kind(tensor, self._analysis)
+    if kind == shard_statistics.MEAN:
       return self._shares
-    if kind == dataflow.SUM:
+    if kind == shard_statistics.SUM:
       return [_nonzero(share) for share in self._shares]
     return None
 
@@ -182,7 +185,7 @@ def combine_summaries(readouts: Readouts, tower0,
       compat.private(op, "_update_input")(1, value)
 
 
-def combine(towers: list, shares: list, analysis: dataflow.ShardAnalysis,
+def combine(towers: list, shares: list, analysis: tensor_kinds.ShardAnalysis,
             ranges: OpRanges, built: frozenset = frozenset(),
             shards=()) -> None:
   """Tower 0's scalar summaries and hooks read the global batch's values
@@ -209,7 +212,8 @@ def _peers(ops: list) -> list:
   """Towers 1..'s collectives matching those `ops` (tower 0's) reach: a
   summary is fetched without the other towers' ops, and a collective waits
   for every tower of its group (the 600 s timeout)."""
-  return state_updates.peer_collectives(state_updates.ancestors(ops))
+  return state_updates.peer_collectives(
+      dataflow.ancestors(ops, control=True, per_output=True))
 
 
 PREDICTION_FIX = (
@@ -219,7 +223,7 @@ PREDICTION_FIX = (
     "tf.reduce_sum(z)) (docs/losses.md: 'What the user reads')")
 
 
-def warn_coupled_predictions(predictions, analysis: dataflow.ShardAnalysis
+def warn_coupled_predictions(predictions, analysis: tensor_kinds.ShardAnalysis
                              ) -> list:
   """Warns about predictions computed from a statistic of the shard.
 
@@ -233,7 +237,7 @@ def warn_coupled_predictions(predictions, analysis: dataflow.ShardAnalysis
     if not isinstance(tensor, tf.Tensor):
       continue
     analysis.status(tensor)
-    ancestors = dataflow.data_ancestors([tensor])
+    ancestors = dataflow.ancestors([tensor])
     coupling = next((c for c in analysis.couplings if c.op in ancestors), None)
     if coupling is not None:
       warned.append(key)

@@ -172,7 +172,7 @@ def merge_specs(towers: list, mode: str, train_op=None, *,
     mode: the ModeKeys mode.
     train_op: the merged train_op (TRAIN).
     shares: each tower's share of the global batch, nᵢ / n (EVAL metrics).
-    analyses: each tower's `dataflow.ShardAnalysis` (EVAL metrics).
+    analyses: each tower's `tensor_kinds.ShardAnalysis` (EVAL metrics).
     built: the ops readout APIs built once from the global batch
       (`global_calls.Recorder.built_ops`).
     pad_value: the `prediction_pad_value` option (`prediction_padding`).

@@ -27,7 +27,6 @@ reads the graph's structure (data flow, never names) of the value written:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Iterable, Optional
 
@@ -37,6 +36,8 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import shard_statistics
+from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import warn_once
 from estimator_multigpu.graph import writes as writes_lib
 
@@ -58,13 +59,13 @@ def reconcile(towers: list, shard: Iterable,
   tower0 = towers[0]
   update_ops = {_op(t) for t in tower0.collections.get(
       tf1.GraphKeys.UPDATE_OPS, [])}
-  reached = ancestors([_op(tower0.spec.train_op)], stop=update_ops)
-  updating = ancestors(list(update_ops)) if update_ops else set()
+  reached = _runs([_op(tower0.spec.train_op)], stop=update_ops)
+  updating = _runs(update_ops) if update_ops else set()
   tensors = [t for t in tf.nest.flatten(shard, expand_composites=True)
              if isinstance(t, tf.Tensor)]
   context = _Context(towers, _Shard({t.op for t in tensors},
                                     _static_shapes(tensors)), reached,
-                     tower_ops or {}, dataflow.shard_analysis(shard))
+                     tower_ops or {}, tensor_kinds.shard_analysis(shard))
   skip = _not_the_model_fns(tower0)
   outside = (set(context.tower_ops.get(0, ())) - updating - reached -
              _initializers())
@@ -87,7 +88,7 @@ class _Context:
   shard: _Shard
   reached: set  # what tower 0's train_op runs.
   tower_ops: dict
-  analysis: "dataflow.ShardAnalysis"  # tower 0's tensors, by kind.
+  analysis: "tensor_kinds.ShardAnalysis"  # tower 0's tensors, by kind.
 
 
 def _not_the_model_fns(tower0) -> set:
@@ -144,8 +145,8 @@ def _constants(ops: set) -> list:
 def _reconcile_write(write, context: _Context) -> list:
   """Towers 1..'s writes tower 0's must run (maybe none; maybe a warning)."""
   peers = [_peer(write, tower, context) for tower in context.towers[1:]]
-  value = ancestors(list(write.values), stop=is_collective)
-  peer_values = [ancestors(list(p.values), stop=is_collective)
+  value = _runs(write.values, stop=dataflow.is_collective)
+  peer_values = [_runs(p.values, stop=dataflow.is_collective)
                  for p in peers if p]
   own_copies = all(peers) and any(p.variable is not write.variable
                                   for p in peers)
@@ -162,17 +163,18 @@ def _reconcile_write(write, context: _Context) -> list:
   return []
 
 
-def _sums_examples(write, analysis: dataflow.ShardAnalysis) -> bool:
+def _sums_examples(write, analysis: tensor_kinds.ShardAnalysis) -> bool:
   """Whether what an additive write adds is a sum over the shard's examples
   (per-example rows scattered, a sum, a count): then the towers' writes add
   up to one device's. A mean, a max or a gradient of the shard is not."""
   written = write.values[-1]  # the value (a scatter's indices come first).
   status = analysis.status(written)
-  if status == dataflow.ROWS:
-    return dataflow.whole_shard(written, analysis)
-  if status != dataflow.STATISTIC:  # a count TensorFlow folded, an integer.
+  if status == tensor_kinds.ROWS:
+    return shard_statistics.whole_shard(written, analysis)
+  if status != tensor_kinds.STATISTIC:  # a count TensorFlow folded, an integer.
     return True
-  return dataflow.statistic_kind(written, analysis) == dataflow.SUM
+  return (shard_statistics.statistic_kind(written, analysis) ==
+          shard_statistics.SUM)
 
 
 def _how(write, context: _Context) -> str:
@@ -237,12 +239,13 @@ def _warn(write, how: str) -> None:
 def peer_collectives(reached: set) -> list:
   """Towers 1..'s collectives matching those tower 0's train_op runs (by
   instance key): a collective waits for every tower of its group."""
-  keys = {_instance_key(op) for op in reached if is_collective(op)} - {None}
+  keys = ({_instance_key(op) for op in reached if dataflow.is_collective(op)}
+          - {None})
   if not keys:
     return []
   graph = next(iter(reached)).graph
   return [op for op in graph.get_operations()
-          if is_collective(op) and op not in reached
+          if dataflow.is_collective(op) and op not in reached
           and _instance_key(op) in keys]
 
 
@@ -255,37 +258,10 @@ def _instance_key(op):
       else None
 
 
-def is_collective(op) -> bool:
-  return op.type.startswith("Collective")
-
-
-def ancestors(ops: list, stop=frozenset()) -> set:
-  """`ops` (ops or tensors) and every op they depend on (data and control inputs), not
-  expanding the `stop` ops (a set, or a predicate). Through an `IdentityN`
-  (`tf.custom_gradient`'s) only the input of the output used is followed."""
-  stops = stop if callable(stop) else stop.__contains__
-  seen_ops, seen = set(), set()
-  queue = collections.deque(
-      (item, None) if isinstance(item, tf.Operation)
-      else (item.op, item.value_index) for item in ops)
-  while queue:
-    op, index = queue.popleft()
-    if (op, index) in seen:
-      continue
-    seen.add((op, index))
-    seen_ops.add(op)
-    if stops(op):
-      continue
-    queue.extend(_parents(op, index))
-  return seen_ops
-
-
-def _parents(op, index) -> list:
-  """(op, output index or None) of what `op`'s output `index` reads."""
-  if op.type == "IdentityN" and index is not None:
-    return [(op.inputs[index].op, op.inputs[index].value_index)]
-  return ([(t.op, t.value_index) for t in op.inputs] +
-          [(c, None) for c in op.control_inputs])
+def _runs(roots, stop=frozenset()) -> set:
+  """What running `roots` (ops or tensors) runs: their ancestors along data
+  and control edges, through an `IdentityN` output by output."""
+  return dataflow.ancestors(roots, control=True, stop=stop, per_output=True)
 
 
 def _op(item):

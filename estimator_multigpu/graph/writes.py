@@ -16,22 +16,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from estimator_multigpu import compat
-
-VARIABLE_OPS = frozenset(["VarHandleOp", "VariableV2", "Variable"])
-# Stateful ops that take a variable only to read it (or ask about it).
-_READERS = frozenset([
-    "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
-    "VarIsInitializedOp", "_ReadVariablesOp", "IsVariableInitialized",
-    "DestroyResourceOp"])
-# Writes whose new value is the old one plus (or minus) the written value.
-ADDITIVE = frozenset([
-    "AssignAddVariableOp", "AssignSubVariableOp", "AssignAdd", "AssignSub",
-    "ResourceScatterAdd", "ResourceScatterSub", "ScatterAdd", "ScatterSub",
-    "ScatterNdAdd", "ScatterNdSub", "ResourceScatterNdAdd",
-    "ResourceScatterNdSub"])
-# Ops whose handle-taking inputs pass through to an op of their output.
-_PASS_THROUGH = frozenset(["Identity", "IdentityN", "RefIdentity"])
+from estimator_multigpu.graph import dataflow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +40,12 @@ class Write:
 
   @property
   def additive(self) -> bool:
-    return self.kind in ADDITIVE
+    return self.kind in dataflow.ADDITIVE_WRITES
 
 
 def writes_of(op: tf.Operation) -> list:
   """The variables `op` writes (none for a read or any other op)."""
-  if op.type in _READERS or op.type in _PASS_THROUGH:
+  if op.type in dataflow.VARIABLE_USES_NOT_WRITING:
     return []
   handles = _written_inputs(op)
   found = []
@@ -79,8 +64,8 @@ def variable_of(tensor: tf.Tensor) -> Optional[tf.Operation]:
   """The variable op a handle or reference comes from (through identities),
   or None."""
   op = tensor.op
-  while op.type not in VARIABLE_OPS:
-    if op.type not in _PASS_THROUGH or not op.inputs:
+  while op.type not in dataflow.VARIABLES:
+    if op.type not in dataflow.IDENTITIES or not op.inputs:
       return None
     index = tensor.value_index if op.type == "IdentityN" else 0
     tensor = op.inputs[index]
@@ -106,7 +91,7 @@ def _ref_arguments(op: tf.Operation) -> set:
 
 def _kind(op: tf.Operation, index: int) -> str:
   """The type of the op that writes input `index` ('' if nothing does)."""
-  bodies = function_bodies(op)
+  bodies = dataflow.function_bodies(op)
   if not bodies:
     return op.type
   for body in bodies:
@@ -122,24 +107,8 @@ def _body_write(body, handle: tf.Tensor) -> str:
   """The type of an op of `body` writing through `handle`, or ''."""
   for op in body.get_operations():
     for k, t in enumerate(op.inputs):
-      if t is handle and op.type not in _READERS | _PASS_THROUGH:
+      if t is handle and op.type not in dataflow.VARIABLE_USES_NOT_WRITING:
         kind = _kind(op, k) if k in _written_inputs(op) else ""
         if kind:
           return kind
   return ""
-
-
-def function_bodies(op: tf.Operation) -> list:
-  """The graphs of the functions `op` calls (`If`'s branches, `While`'s
-  body, a `PartitionedCall`'s function), if any."""
-  names = []
-  for value in op.node_def.attr.values():
-    if value.HasField("func"):
-      names.append(value.func.name)
-    names += [f.name for f in value.list.func]
-  bodies = []
-  for name in names:
-    function = compat.private(op.graph, "_get_function")(name)
-    if function is not None and getattr(function, "graph", None) is not None:
-      bodies.append(function.graph)
-  return bodies

@@ -52,6 +52,7 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu.graph import dataflow
 from estimator_multigpu.runtime import hooks
 tf1 = tf.compat.v1
 
@@ -59,9 +60,6 @@ __all__ = ["InputWait", "ScalingReport", "ScalingReportHook",
            "input_bound_advice", "input_wait_from_step_stats",
            "per_tower_batch_advice"]
 
-INPUT_OP_TYPES = frozenset([
-    "IteratorGetNext", "IteratorGetNextSync", "QueueDequeueV2",
-    "QueueDequeueManyV2", "QueueDequeueUpToV2"])
 INPUT_BOUND_SHARE = 0.3
 MIN_PER_TOWER_BATCH_GPU = 16
 
@@ -181,7 +179,7 @@ class ScalingReportHook(tf1.train.SessionRunHook):
   def begin(self):
     graph = tf1.get_default_graph()
     self._input_ops = frozenset(op.name for op in graph.get_operations()
-                                if op.type in INPUT_OP_TYPES)
+                                if op.type in dataflow.INPUT_DEQUEUES)
     self._reset()
     self._warned = False
     on_gpu = (self._on_gpu if self._on_gpu is not None

@@ -23,15 +23,10 @@ from typing import Any, Callable, Optional
 from absl import logging
 import tensorflow as tf
 
+from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import warn_once
 
 tf1 = tf.compat.v1
-
-_VARIABLE_OPS = frozenset([
-    "Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable",
-    "MutableHashTable", "MutableHashTableV2", "MutableHashTableOfTensors",
-    "MutableHashTableOfTensorsV2", "MutableDenseHashTable",
-    "MutableDenseHashTableV2"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +110,7 @@ def device_function(tower_device: str, variable_device: str) -> Callable:
 
   def choose(op) -> str:
     op_type = op.type if isinstance(op, tf.Operation) else op.op  # NodeDef.
-    spec = variable_spec if op_type in _VARIABLE_OPS else tower_spec
+    spec = variable_spec if op_type in dataflow.STATE_HOLDERS else tower_spec
     current = tf.DeviceSpec.from_string(op.device or "")
     return spec.make_merged_spec(current).to_string()
 

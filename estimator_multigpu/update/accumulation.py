@@ -52,7 +52,7 @@ from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu.cross_tower import losses
-from estimator_multigpu.graph import state_updates
+from estimator_multigpu.graph import dataflow
 
 tf1 = tf.compat.v1
 
@@ -104,9 +104,9 @@ def micro_batch_weight(tower0, examples: Any, shard: Any) -> Any:
   totals = {id(total): total for _, total in pairs}
   inputs = {t.op for t in tf.nest.flatten(shard, expand_composites=True)
             if isinstance(t, tf.Tensor)}
-  other = state_updates.ancestors(
-      [tower0.spec.loss], lambda op: op in ratios or
-      state_updates.is_collective(op)) & inputs
+  other = dataflow.ancestors(
+      [tower0.spec.loss], control=True, per_output=True,
+      stop=lambda op: op in ratios or dataflow.is_collective(op)) & inputs
   if len(totals) > 1 or other:
     logging.warning(
         "multi_gpu: accumulate_steps weighs micro-batches by their examples,"

@@ -10,8 +10,11 @@ the model_fn acts on one tower's gradient before the towers are combined;
 
 from __future__ import annotations
 
+import itertools
+
 import tensorflow as tf
 
+from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import warn_once
 
 
@@ -23,25 +26,11 @@ def clip_by_global_norm(grads_and_vars: list, clip_norm: float) -> list:
   return [(by_variable.get(id(v)), v) for _, v in grads_and_vars]
 
 
-# Elementwise ops a transform of a gradient is made of; the gradient keeps
-# its variable's shape through them.
-_ELEMENTWISE = frozenset([
-    "Identity", "Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "Minimum",
-    "Maximum", "ClipByValue", "Select", "SelectV2", "Cast", "Neg",
-    "Reciprocal", "Sqrt", "Rsqrt", "Tanh", "Sign", "Abs", "Square"])
-# Clipping by value; backpropagation itself does not make these ops.
-_NONLINEAR = frozenset(["Minimum", "Maximum", "ClipByValue"])
 _SEARCH_LIMIT = 4000  # ops visited per factor before giving up (no warning).
 TRANSFORMED_COLLECTION = "estimator_multigpu_per_tower_gradient_transforms"
 NOISY_COLLECTION = "estimator_multigpu_per_tower_gradient_noise"
-_SUMS = frozenset(["Add", "AddV2", "AddN", "Sub"])  # where noise joins.
-# Ops drawing random numbers (stateful and stateless).
-_RANDOM = ("RandomStandardNormal", "RandomUniform", "RandomUniformInt",
-           "TruncatedNormal", "ParameterizedTruncatedNormal", "RandomGamma",
-           "RandomPoisson", "RandomPoissonV2", "Multinomial",
-           "StatelessRandom", "StatelessTruncatedNormal",
-           "StatelessParameterizedTruncatedNormal", "StatefulStandardNormal",
-           "StatefulUniform", "StatefulTruncatedNormal")
+# The elementwise walk, and the sums where noise joins a gradient.
+_ELEMENTWISE_OR_SUMS = dataflow.ELEMENTWISE | dataflow.SIGNED_SUMS
 
 
 def find_transformed(grads_and_vars: list, computed: frozenset = frozenset()
@@ -50,10 +39,11 @@ def find_transformed(grads_and_vars: list, computed: frozenset = frozenset()
 
   Found from the graph's structure, whatever the ops are named: walking back
   from each gradient through elementwise ops that keep its variable's shape
-  (`_ELEMENTWISE`) reaches the gradient the model_fn computed; the walk is a
-  transform that one device would apply to the whole batch's gradient if it
-  clips by value (a min or max along the way) or scales by a factor computed
-  from gradients (a norm: `clip_by_norm`, `clip_by_global_norm`). Scaling
+  (`dataflow.ELEMENTWISE`) reaches the gradient the model_fn computed; the
+  walk is a transform that one device would apply to the whole batch's
+  gradient if it clips by value (a min or max along the way) or scales by a
+  factor computed from gradients (a norm: `clip_by_norm`,
+  `clip_by_global_norm`). Scaling
   by a constant is linear, hence exact. `computed`: ids of the gradients
   `TowerOptimizer.compute_gradients` returned, where the walk stops.
   """
@@ -72,7 +62,7 @@ def _values(grad) -> tf.Tensor:
   return grad.values if isinstance(grad, tf.IndexedSlices) else grad
 
 
-def _chain(grad, computed: frozenset, through=_ELEMENTWISE) -> tuple:
+def _chain(grad, computed: frozenset, through=dataflow.ELEMENTWISE) -> tuple:
   """(tensors of the elementwise walk back from `grad` through the op types
   `through`, the side inputs)."""
   tensor = _values(grad)
@@ -92,21 +82,14 @@ def _chain(grad, computed: frozenset, through=_ELEMENTWISE) -> tuple:
 
 
 def _nonlinear(chain: list) -> bool:
-  return any(t.op.type in _NONLINEAR for t in chain)
+  return any(t.op.type in dataflow.CLIPS_BY_VALUE for t in chain)
 
 
 def _reads(factor: tf.Tensor, raw: set) -> bool:
-  """Whether `factor` is computed from any tensor in `raw`."""
-  seen, stack = set(), [factor]
-  while stack and len(seen) < _SEARCH_LIMIT:
-    tensor = stack.pop()
-    if tensor in raw:
-      return True
-    if tensor.op in seen:
-      continue
-    seen.add(tensor.op)
-    stack.extend(tensor.op.inputs)
-  return False
+  """Whether `factor` is computed from any tensor in `raw` (within the
+  first `_SEARCH_LIMIT` ops it reads)."""
+  ops = itertools.islice(dataflow.walk([factor]), _SEARCH_LIMIT)
+  return factor in raw or any(t in raw for op in ops for t in op.inputs)
 
 
 def warn_if_transformed(grads_and_vars: list,
@@ -143,8 +126,8 @@ def warn_if_noisy(grads_and_vars: list,
   collection `NOISY_COLLECTION`, for `check_towers`).
   """
   names = [v.op.name for g, v in grads_and_vars if g is not None and any(
-      t.op.type.startswith(_RANDOM)
-      for t in _chain(g, computed, _ELEMENTWISE | _SUMS)[0])]
+      dataflow.draws_random(t.op)
+      for t in _chain(g, computed, _ELEMENTWISE_OR_SUMS)[0])]
   return _record_and_warn_once(
       names, NOISY_COLLECTION,
       "multi_gpu: the model_fn adds random noise to its gradients inside "
@@ -174,5 +157,5 @@ def signature(grads_and_vars: list, computed: frozenset = frozenset()
   gradients differently (`strategies.base.warn_if_transformed_differently`).
   """
   return [None if g is None else tuple(
-      t.op.type for t in _chain(g, computed, _ELEMENTWISE | _SUMS)[0])
+      t.op.type for t in _chain(g, computed, _ELEMENTWISE_OR_SUMS)[0])
           for g, _ in grads_and_vars]

@@ -25,13 +25,13 @@ from typing import Optional
 import tensorflow as tf
 
 from estimator_multigpu import compat
+from estimator_multigpu.graph import dataflow
 
 tf1 = tf.compat.v1
 
 # The class of a `tf.cond` branch's function graph (cond_v2), by name: the
 # class itself is private to TensorFlow.
 _COND_BRANCH_GRAPH = "CondBranchFuncGraph"
-_IF_OPS = ("If", "StatelessIf")
 
 
 def current_branch() -> Optional[tf.Graph]:
@@ -111,7 +111,7 @@ def check_computed_outside(grads_and_vars: list, outside_ids: set) -> None:
 def branch_taken(branch: tf.Graph) -> tf.Tensor:
   """A scalar bool: whether the `tf.cond` runs `branch` this step."""
   for op in branch.outer_graph.get_operations():
-    if op.type not in _IF_OPS:
+    if op.type not in dataflow.CONDS:
       continue
     if op.get_attr("then_branch").name == branch.name:
       return tf.identity(op.inputs[0], name="branch_taken")

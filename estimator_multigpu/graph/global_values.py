@@ -1,0 +1,154 @@
+"""The global batch's value of each argument of a readout, fed to its stub.
+
+`global_calls` runs a readout API once, in tower 0, on *stubs* (`stub`): an
+identity in place of each tensor argument computed from the shard, with its
+batch dimension left unknown. Once every tower is built, `bind` feeds each
+stub the global batch's value of the towers' arguments (`pieces`, in tower
+order):
+
+- per-example tensors (`tensor_kinds.ROWS`): concatenated in tower order,
+  which is input order (SparseTensors too);
+- a shard statistic, combined over the towers by what it is (`Combiner`):
+  the tower's loss, a `LOSSES` term or an `emg.global_ratio` share
+  Σᵢ wᵢ·xᵢ with the towers' loss weights, a ratio of sums
+  Σᵢ numeratorᵢ / Σᵢ denominatorᵢ, a mean Σᵢ (nᵢ/n)·xᵢ, a sum or a count
+  of examples Σᵢ xᵢ, a max or a min over the towers
+  (`shard_statistics.statistic_kind`). A statistic of no such kind keeps
+  tower 0's value, and the call is told the problem (a WARNING naming the
+  API and the fix).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from estimator_multigpu import compat
+from estimator_multigpu.graph import shard_statistics
+from estimator_multigpu.graph import tensor_kinds
+from estimator_multigpu.graph import towers as towers_lib
+
+tf1 = tf.compat.v1
+
+
+class Combiner:
+  """Combines the towers' values of a shard statistic (see the module doc).
+
+  Args:
+    analysis: tower 0's `tensor_kinds.ShardAnalysis`.
+    loss_kind: a loss term's kind (`shard_statistics.MEAN` for
+      `loss_reduction="mean"`, else `SUM`).
+    towers: the built towers (their loss weights).
+    shares: each tower's share of the global batch, nᵢ / n.
+  """
+
+  def __init__(self, analysis: tensor_kinds.ShardAnalysis, loss_kind: str,
+               towers: list, shares: list):
+    self._analysis = analysis
+    self._weights = [t.loss_weight for t in towers]
+    self._shares = shares
+    self._losses = _loss_terms(towers[0])
+    self._known = {t.ref(): loss_kind for t in self._losses}
+
+  def combine(self, pieces: list, problems: list) -> Optional[tf.Tensor]:
+    """The global batch's value of the statistic `pieces`, or None (and a
+    problem appended: (key, text))."""
+    strip = shard_statistics.strip_pass_through
+    if any(strip(pieces[0]) is strip(t) for t in self._losses):
+      return _weighted_sum(pieces, self._weights)
+    kind = shard_statistics.statistic_kind(pieces[0], self._analysis,
+                                           self._known)
+    if kind == shard_statistics.MEAN:
+      return _weighted_sum(pieces, self._shares)
+    if kind == shard_statistics.SUM:
+      return tf.math.add_n(pieces)
+    if kind == shard_statistics.RATIO:
+      return _ratio_of_sums([strip(p).op.inputs[:2] for p in pieces])
+    if kind in (shard_statistics.MAX, shard_statistics.MIN):
+      reduce = tf.reduce_max if kind == shard_statistics.MAX else (
+          tf.reduce_min)
+      return reduce(tf.stack(pieces), axis=0)
+    problems.append((
+        "statistic",
+        f"reads {pieces[0].name}, a statistic of tower 0's shard that is not "
+        "a mean, sum, max, min or count of its examples (a "
+        f"{pieces[0].op.type}), so `multi_gpu` cannot combine it over the "
+        "towers: it shows tower 0's shard. Fix: pass per-example values (the "
+        "API then sees the global batch), or compute the statistic over the "
+        "global batch with emg.cross_tower_sum / emg.global_ratio."))
+    return None
+
+
+def bind(stub, pieces: list, kind: str, combiner: Combiner,
+         problems: list) -> None:
+  """Feeds `stub` the global batch's value of the towers' `pieces`: joined
+  for `tensor_kinds.ROWS`, else combined (a problem if it cannot be)."""
+  with tf.device(components(stub)[0].device), tf.name_scope("global_batch"):
+    value = (_concat(pieces) if kind == tensor_kinds.ROWS else
+             combiner.combine(pieces, problems))
+  if value is not None:
+    _feed(stub, value)
+
+
+def stub(leaf, rows: bool):
+  """A stand-in for `leaf` whose input `bind` replaces; a per-example
+  tensor's leading dimension is left unknown."""
+  if isinstance(leaf, tf.SparseTensor):
+    return tf.SparseTensor(_placeholder(leaf.indices, True),
+                           _placeholder(leaf.values, True),
+                           _placeholder(leaf.dense_shape, False))
+  return _placeholder(leaf, rows)
+
+
+def components(leaf) -> list:
+  """The tensors of a readout's argument (a SparseTensor's three)."""
+  if isinstance(leaf, tf.SparseTensor):
+    return [leaf.indices, leaf.values, leaf.dense_shape]
+  return [leaf] if isinstance(leaf, tf.Tensor) else []
+
+
+def _placeholder(tensor: tf.Tensor, rows: bool) -> tf.Tensor:
+  """An identity whose input `_feed` replaces; its input's shape (the one
+  a new input must agree with) has an unknown first dimension for `rows`."""
+  shape = tensor.shape
+  if rows and shape.rank:
+    shape = tf.TensorShape([None]).concatenate(shape[1:])
+  return tf.identity(tf1.placeholder_with_default(tensor, shape),
+                     name="global_batch_stub")
+
+
+def _feed(target, value) -> None:
+  for placeholder, tensor in zip(components(target), components(value)):
+    compat.private(placeholder.op, "_update_input")(
+        0, tf.cast(tensor, placeholder.dtype))
+
+
+def _concat(pieces: list) -> Any:
+  if isinstance(pieces[0], tf.SparseTensor):
+    return tf.sparse.concat(0, pieces, expand_nonconcat_dims=True)
+  return tf.concat(pieces, axis=0)
+
+
+def _weighted_sum(pieces: list, weights: list) -> tf.Tensor:
+  return tf.math.add_n([tf.math.multiply_no_nan(p, tf.cast(w, p.dtype))
+                        for p, w in zip(pieces, weights)])
+
+
+def _ratio_of_sums(parts: list) -> tf.Tensor:
+  """Σᵢ numeratorᵢ / Σᵢ denominatorᵢ of the towers' (numerator,
+  denominator) pairs."""
+  numerator, denominator = (
+      tf.math.add_n([tf.cast(p[i], tf.float32) for p in parts])
+      for i in (0, 1))
+  return tf.math.divide_no_nan(numerator, denominator)
+
+
+def _loss_terms(tower0) -> list:
+  """Tower 0's tensors the towers' loss weights combine: its loss, its
+  `LOSSES` terms and its `emg.global_ratio` shares."""
+  terms = [tower0.spec.loss] + list(
+      tower0.collections.get(tf1.GraphKeys.LOSSES, [])) + [
+          ratio for ratio, _ in tower0.collections.get(
+              towers_lib.NORMALIZERS, [])]
+  return [t for t in terms if isinstance(t, tf.Tensor)]
