@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from estimator_multigpu.graph import warn_once
-from estimator_multigpu.update import chain
+from estimator_multigpu.update import chain as chain_lib
 
 
 def clip_by_global_norm(grads_and_vars: list, clip_norm: float) -> list:
@@ -179,7 +179,7 @@ def signature(grads_and_vars: list, computed: frozenset = frozenset()
           for g, _ in grads_and_vars]
 
 
-class ClipByGlobalNorm(chain.UpdateStep):
+class ClipByGlobalNorm(chain_lib.UpdateStep):
   """The update chain's clip step: each optimizer call's combined
   gradients to a global norm of `clip_norm` (`clip_gradients_by_norm`)."""
 
