@@ -3,14 +3,14 @@
 `build_spec` is what the `multi_gpu` decorator runs each time Estimator
 builds a graph (TRAIN, EVAL, PREDICT, export): it makes the plan, splits the
 global batch, builds the towers through the plan's variable strategy, runs
-the update chain (combine -> unscale -> accumulate -> clip -> apply), merges
-the towers' specs and adds the EMA.
+the update chain (TRAIN: combine -> the options' steps -> apply,
+`update.train_spec`), merges the towers' specs and adds the EMA.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -40,15 +40,44 @@ from estimator_multigpu.cross_tower import v1_losses
 from estimator_multigpu.strategies import all_reduce as all_reduce_lib
 from estimator_multigpu.update import accumulation
 from estimator_multigpu.update import canned
-from estimator_multigpu.update import chain as chain_lib
-from estimator_multigpu.update import keras_optimizer
 from estimator_multigpu.update import loss_scaling
 from estimator_multigpu.update import tower_optimizer
-from estimator_multigpu.update import triggers
+from estimator_multigpu.update import train_spec
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
 Options = options_lib.Options
+
+
+@dataclasses.dataclass
+class _Graph:
+  """What the functions building one graph's towers share: the call, the
+  plan and the shards; the rest is made from them on creation."""
+  options: Options
+  mode: str
+  params: Any
+  config: Any
+  plan: plan_lib.Plan
+  cluster: Any  # the all-reduce cluster this TRAIN graph is a task of.
+  split: Any  # `splitting.Split`: the shards.
+  examples: Any = dataclasses.field(init=False)  # of the global batch.
+  strategy: Any = dataclasses.field(init=False)
+  scaling: Optional[loss_scaling.LossScaling] = dataclasses.field(init=False)
+  shares: list = dataclasses.field(init=False)  # per tower, nᵢ / n.
+  analyses: list = dataclasses.field(init=False)
+  ranges: readouts.OpRanges = dataclasses.field(init=False)
+  recorder: global_calls.Recorder = dataclasses.field(init=False)
+
+  def __post_init__(self):
+    self.examples = _global_examples(self.split, self.cluster, self.plan)
+    self.strategy = strategies.make_strategy(self.plan, self.mode)
+    self.scaling = loss_scaling.for_graph(
+        self.options.mixed_precision, self.mode, self.plan.aggregation_device)
+    self.ranges = readouts.OpRanges()
+    self.shares = _shares(self.split, self.examples)
+    self.analyses = _analyses(self.split)
+    self.recorder = global_calls.Recorder(self.analyses[0],
+                                          self.options.loss_reduction)
 
 
 def build_spec(model_fn, options: Options, features, labels, mode, params,
@@ -72,63 +101,76 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       features, labels, plan.num_towers, unsplit=options.unsplit_features,
       require_examples=mode in (ModeKeys.TRAIN, ModeKeys.EVAL))
   plan_lib.log_plan(plan, split, mode)
-  examples = _global_examples(split, cluster, plan)
-  strategy = strategies.make_strategy(plan, mode)
-  scaling = _loss_scaling(options, mode, plan.aggregation_device)
+  graph = _Graph(options, mode, params, config, plan, cluster, split)
+  towers = _build_towers(model_fn, graph)
+  _combine_readouts(graph, towers)
+  spec = (_train_spec(graph, towers) if mode == ModeKeys.TRAIN else
+          _merged_spec(graph, towers))
+  return _finish(graph, spec, towers, features, labels)
+
+
+def _build_towers(model_fn, graph: _Graph) -> list:
+  """The model_fn once per tower, on its shard, in the towers' scopes."""
+  options, split = graph.options, graph.split
   precision = (precision_lib.Precision(
-      options.mixed_precision, scaling.value if scaling else None)
+      options.mixed_precision, graph.scaling and graph.scaling.value)
                if options.mixed_precision else None)
-  ranges = readouts.OpRanges()
-  shares, analyses = _shares(split, examples), _analyses(split)
-  recorder = global_calls.Recorder(analyses[0], options.loss_reduction)
-  towers = towers_lib.build_towers(
-      lambda tower, shard: _call_tower(model_fn, precision, shard, mode,
-                                       params, config),
-      plan, split.shards, strategy,
-      loss_weights=[split.loss_weight(i, _gradient_weights(options, strategy),
-                                      examples)
-                    for i in range(plan.num_towers)],
-      tower_scopes=[ranges.scope_factory, empty_shards.scope_factory(split),
-                    recorder.scope, readout_apis.scope] +
-      ([precision.tower_scope] if precision else []) +
-      ([canned.optimizer_scope] if mode == ModeKeys.TRAIN else []) +
-      [batch_size_param.scope_factory(params, split)] +
-      _regularization_scopes(options, strategy, split) +
-      _cross_tower_scopes(plan, split, mode, options))
-  batch_size_param.check_loss(towers[0], params, split,
-                              options.loss_reduction)
-  recorder.bind(towers, shares)
-  ranges.drop(recorder.built_ops)
-  readouts.combine(towers, shares, analyses[0], ranges, recorder.built_ops,
-                   split.shards)
-  if mode == ModeKeys.PREDICT and towers[0].spec.predictions is not None:
+  # Weighted by their share of the examples; asynchronous towers each apply
+  # their own (mean-loss) gradient whole.
+  weights = (options.loss_reduction if graph.strategy.waits_for_towers else
+             "sum")
+  loss_weights = [split.loss_weight(i, weights, graph.examples)
+                  for i in range(graph.plan.num_towers)]
+  return towers_lib.build_towers(
+      lambda tower, shard: _call_tower(model_fn, precision, shard,
+                                       graph.mode, graph.params,
+                                       graph.config),
+      graph.plan, split.shards, graph.strategy, loss_weights=loss_weights,
+      tower_scopes=_tower_scopes(graph, precision))
+
+
+def _tower_scopes(graph: _Graph, precision) -> list:
+  """The scope factories every tower is built in."""
+  return ([graph.ranges.scope_factory,
+           empty_shards.scope_factory(graph.split), graph.recorder.scope,
+           readout_apis.scope] +
+          ([precision.tower_scope] if precision else []) +
+          ([canned.optimizer_scope] if graph.mode == ModeKeys.TRAIN else []) +
+          [batch_size_param.scope_factory(graph.params, graph.split)] +
+          _regularization_scopes(graph.options, graph.strategy, graph.split) +
+          _cross_tower_scopes(graph.plan, graph.split, graph.mode,
+                              graph.options))
+
+
+def _combine_readouts(graph: _Graph, towers: list) -> None:
+  """What the user reads (summaries, metrics, ...) over the global batch."""
+  batch_size_param.check_loss(towers[0], graph.params, graph.split,
+                              graph.options.loss_reduction)
+  graph.recorder.bind(towers, graph.shares)
+  graph.ranges.drop(graph.recorder.built_ops)
+  readouts.combine(towers, graph.shares, graph.analyses[0], graph.ranges,
+                   graph.recorder.built_ops, graph.split.shards)
+  if graph.mode == ModeKeys.PREDICT and towers[0].spec.predictions is not None:
     readouts.warn_coupled_predictions(towers[0].spec.predictions,
-                                      analyses[0])
-  if mode != ModeKeys.TRAIN:
-    spec = specs_lib.merge_specs(towers, mode, shares=shares,
-                                 analyses=analyses,
-                                 built=recorder.built_ops,
-                                 pad_value=options.prediction_pad_value)
-  else:
-    towers[0].deferred_dependencies += state_updates.reconcile(
-        towers, split.shards[0], ranges.ops)
-    weight = (accumulation.micro_batch_weight(towers[0], examples,
-                                              split.shards[0])
-              if options.accumulate_steps > 1 else examples)
-    if cluster is not None and options.accumulate_steps == 1 and not any(
-        call.branch is not None for call in towers[0].optimizer_calls):
-      with tf.name_scope("global_loss"):  # summed with the gradients.
-        strategy.carry(specs_lib.loss_terms(towers))
-    spec = _train_spec(towers, strategy, options, weight, scaling, config)
-    if not strategy.waits_for_towers:  # the loss of the global batch.
-      spec = spec._replace(loss=specs_lib.combine_losses(towers, [
-          split.loss_weight(i, options.loss_reduction, examples)
-          for i in range(plan.num_towers)]))
+                                      graph.analyses[0])
+
+
+def _merged_spec(graph: _Graph, towers: list) -> tf.estimator.EstimatorSpec:
+  """EVAL and PREDICT: the towers' specs merged over the global batch."""
+  return specs_lib.merge_specs(towers, graph.mode, shares=graph.shares,
+                               analyses=graph.analyses,
+                               built=graph.recorder.built_ops,
+                               pad_value=graph.options.prediction_pad_value)
+
+
+def _finish(graph: _Graph, spec, towers: list, features, labels):
+  """The losses published; the EMA, the cluster and the NaN guard added."""
   specs_lib.publish_losses(spec.loss, [tower.spec.loss for tower in towers])
-  spec = _with_ema(spec, mode, options, plan.aggregation_device, config,
-                   applied=scaling.should_apply if scaling else None)
-  spec = _across_tasks(model_savers.complete(spec), cluster, plan,
-                       strategy.carried)
+  scaling, plan = graph.scaling, graph.plan
+  spec = _with_ema(spec, graph.mode, graph.options, plan.aggregation_device,
+                   graph.config, applied=scaling and scaling.should_apply)
+  spec = _across_tasks(model_savers.complete(spec), graph.cluster, plan,
+                       graph.strategy.carried)
   return nan_guard.guard(spec, features, labels) if spec.train_op else spec
 
 
@@ -141,12 +183,6 @@ def _shares(split, examples) -> list:
 def _analyses(split) -> list:
   """Per tower, what its tensors are relative to its shard (`tensor_kinds`)."""
   return [tensor_kinds.shard_analysis(shard) for shard in split.shards]
-
-
-def _gradient_weights(options: Options, strategy) -> str:
-  """How towers' gradients are weighted: by their share of the examples;
-  asynchronous towers each apply their own (mean-loss) gradient whole."""
-  return options.loss_reduction if strategy.waits_for_towers else "sum"
 
 
 def _all_reduce_cluster(mode: str, config):
@@ -215,14 +251,6 @@ def _across_tasks(spec, cluster, plan, carried=None):
       spec.scaffold, cluster, plan.devices[0]))
 
 
-def _loss_scaling(options: Options, mode: str,
-                  device: Optional[str]) -> Optional[loss_scaling.LossScaling]:
-  """float16 training's loss scale, on the aggregation device."""
-  if options.mixed_precision != "float16" or mode != ModeKeys.TRAIN:
-    return None
-  return loss_scaling.LossScaling(device)
-
-
 def _call_tower(model_fn, precision, shard, mode, params, config):
   """One tower's spec; with mixed precision, low-precision features in and
   a float32 loss out."""
@@ -235,37 +263,27 @@ def _call_tower(model_fn, precision, shard, mode, params, config):
   return precision.finish(spec)
 
 
-def _train_spec(towers: list, strategy, options: Options, examples, scaling,
-                config) -> tf.estimator.EstimatorSpec:
-  """The TRAIN spec: the update chain's train_op, loss and hooks."""
-  _check_tower_optimizer(towers)
-  keras_optimizer.check_strategy(towers, strategy)
-  chain = chain_lib.UpdateChain(
-      strategy, device=strategy.plan.aggregation_device,
-      accumulate_steps=options.accumulate_steps,
-      loss_reduction=options.loss_reduction,
-      global_batch_size=examples, loss_scaling=scaling,
-      clip_norm=options.clip_gradients_by_norm)
-  apply_ops = triggers.tie(towers[0], chain.build(towers),
-                          accumulate=options.accumulate_steps > 1,
-                          peers=towers[1:])
-  specs_lib.summarize_tower_losses(towers)
-  spec = specs_lib.merge_specs(
-      towers, ModeKeys.TRAIN, specs_lib.merged_train_op(towers, apply_ops))
-  return chain.finish_spec(spec, towers, getattr(config, "model_dir", None))
-
-
-def _check_tower_optimizer(towers: list) -> None:
-  if not towers[0].optimizer_calls:
-    raise ValueError(
-        "The model_fn's train_op does not come from a `TowerOptimizer`; "
-        f"with {len(towers)} towers an unwrapped optimizer would apply "
-        f"{len(towers)} separate updates per step (and clipping needs it). "
-        "Wrap it: opt = estimator_multigpu.TowerOptimizer(opt) (a "
-        "tf.compat.v1.train or tf.keras.optimizers.legacy optimizer). With "
-        "tf_slim.optimize_loss, pass optimizer=lambda lr: "
-        "TowerOptimizer(tf.compat.v1.train.GradientDescentOptimizer(lr)) "
-        "(or another optimizer) instead of a name such as 'SGD'.")
+def _train_spec(graph: _Graph, towers: list) -> tf.estimator.EstimatorSpec:
+  """TRAIN: the model_fn's writes reconciled, the update chain's spec, and
+  for towers that do not wait for each other the global batch's loss."""
+  options, split = graph.options, graph.split
+  towers[0].deferred_dependencies += state_updates.reconcile(
+      towers, split.shards[0], graph.ranges.ops)
+  weight = (accumulation.micro_batch_weight(towers[0], graph.examples,
+                                            split.shards[0])
+            if options.accumulate_steps > 1 else graph.examples)
+  if graph.cluster is not None and options.accumulate_steps == 1 and not any(
+      call.branch is not None for call in towers[0].optimizer_calls):
+    with tf.name_scope("global_loss"):  # summed with the gradients.
+      graph.strategy.carry(specs_lib.loss_terms(towers))
+  spec = train_spec.update_spec(towers, graph.strategy, options, weight,
+                                graph.scaling,
+                                getattr(graph.config, "model_dir", None))
+  if graph.strategy.waits_for_towers:
+    return spec
+  return spec._replace(loss=specs_lib.combine_losses(towers, [
+      split.loss_weight(i, options.loss_reduction, graph.examples)
+      for i in range(graph.plan.num_towers)]))
 
 
 def _check_strategy(plan: plan_lib.Plan, cluster, num_ps: int) -> None:
@@ -320,25 +338,13 @@ def _cross_tower_scopes(plan, split, mode, options: Options) -> list:
 
 def _with_ema(spec, mode, options: Options, device: Optional[str], config,
               applied=None):
-  """Adds the EMA update (TRAIN) or the averaged-weight saver (others).
-
-  `applied` (float16 training): whether the step's update was applied; a
-  skipped update leaves the average unchanged too.
-
-  With a SyncReplicasOptimizer only the chief updates the average, once per
-  global step after the aggregated update; every worker updating it would
-  average each step once per worker.
-  """
-  if options.ema_decay is None:
-    return spec
+  """The EMA the options ask for (`ema.finish_spec`). With a
+  SyncReplicasOptimizer only the chief updates the average, once per global
+  step after the aggregated update; every worker updating it would average
+  each step once per worker."""
   if mode == ModeKeys.TRAIN and tf1.get_collection(
       tower_optimizer.SYNC_REPLICAS_COLLECTION) and not getattr(
           config, "is_chief", True):
     return spec
-  if mode == ModeKeys.TRAIN:
-    return spec._replace(train_op=ema_lib.apply_after(
-        spec.train_op, options.ema_decay, device, applied))
-  if not options.use_ema_weights:
-    return spec
-  return spec._replace(scaffold=ema_lib.restoring_scaffold(
-      spec.scaffold, options.ema_decay))
+  return ema_lib.finish_spec(spec, mode == ModeKeys.TRAIN, options.ema_decay,
+                             options.use_ema_weights, device, applied)

@@ -81,3 +81,24 @@ def restoring_scaffold(scaffold: Optional[tf1.train.Scaffold],
   names = _moving_average(decay).variables_to_restore(averaged_variables())
   return tf1.train.Scaffold(saver=tf1.train.Saver(names, sharded=True),
                             copy_from_scaffold=scaffold)
+
+
+def finish_spec(spec: tf.estimator.EstimatorSpec, training: bool,
+                decay: Optional[float], use_ema_weights: bool,
+                device: Optional[str], applied: Optional[tf.Tensor] = None
+                ) -> tf.estimator.EstimatorSpec:
+  """`spec` with the EMA update after its train_op (`training`), or the
+  saver loading the averaged weights (EVAL, PREDICT, export, with
+  `use_ema_weights`); unchanged when `decay` is None.
+
+  `applied` (float16 training): whether the step's update was applied; a
+  skipped update leaves the average unchanged too.
+  """
+  if decay is None:
+    return spec
+  if training:
+    return spec._replace(train_op=apply_after(spec.train_op, decay, device,
+                                              applied))
+  if not use_ema_weights:
+    return spec
+  return spec._replace(scaffold=restoring_scaffold(spec.scaffold, decay))

@@ -34,7 +34,6 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import global_values
 from estimator_multigpu.graph import shard_statistics

@@ -53,6 +53,7 @@ import tensorflow as tf
 
 from estimator_multigpu.cross_tower import losses
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.update import chain
 
 tf1 = tf.compat.v1
 
@@ -247,6 +248,67 @@ def _static_shape(var) -> list:
         f"accumulators; `{var.op.name}` has shape {shape}. Give the variable "
         "a static shape, or use accumulate_steps=1.")
   return shape.as_list()
+
+
+class Accumulate(chain.UpdateStep):
+  """The update chain's accumulate step: + the earlier micro-batches, ÷
+  their weight, with running sums on each applier's device; its spec adds
+  the update's loss, the accumulate op's hook and the resets."""
+
+  name = "accumulate"
+
+  def __init__(self, steps: int, loss_reduction: str, micro_batch_size: Any,
+               device: Optional[str]):
+    """k=`steps` micro-batches of `micro_batch_size` examples (int or
+    scalar tensor) per update; the loss and the step's own sums (the main
+    accumulator) live on the aggregation `device`."""
+    self.steps = steps
+    self._accumulation = (steps, loss_reduction, micro_batch_size)
+    self.device = device
+    self._accumulators: dict = {}  # device -> Accumulator.
+
+  def accumulator(self, device: Optional[str]) -> Accumulator:
+    """The running sums kept on `device` (made once per device)."""
+    if device not in self._accumulators:
+      with tf.device(device):
+        self._accumulators[device] = Accumulator.create(*self._accumulation)
+    return self._accumulators[device]
+
+  def in_every_micro_batch(self, name: str, flag: tf.Tensor) -> tf.Tensor:
+    """Whether `flag` holds in every micro-batch of the update (this one
+    included), counting those where it failed in the sum `name`."""
+    with tf.name_scope(SCOPE):
+      failed = self.accumulator(self.device).running_sum(
+          name, 1.0 - tf.cast(flag, tf.float32))
+    return tf.equal(failed, 0.0)
+
+  def transform(self, update: Any) -> list:
+    return self.accumulator(update.device).gradients(update.grads_and_vars)
+
+  def apply_if(self, call: Any) -> None:
+    if call.branch is not None:
+      raise ValueError(
+          "`TowerOptimizer` was called inside a tf.cond branch with "
+          f"accumulate_steps={self.steps}: the micro-batches of one update "
+          "could take different branches. Use accumulate_steps=1, or call "
+          "every optimizer outside the tf.cond.")
+
+  def finish(self, spec, towers: list, output_dir: Optional[str]):
+    """The update's loss; the train_op zeroes the sums after it (last)."""
+    del output_dir
+    with tf.device(self.device):
+      main = self.accumulator(self.device)
+      loss = main.loss(spec.loss)
+      others = [a for d, a in self._accumulators.items() if d != self.device]
+      accumulate = tf.group(main.accumulate_op(*towers[0].step_ops()),
+                            *[a.accumulate_op() for a in others])
+      train_op = spec.train_op
+      for accumulator in others:
+        train_op = accumulator.reset_after(train_op)
+      train_op = main.reset_after(train_op, loss)
+    hook = AccumulationHook(accumulate, main.steps)
+    return spec._replace(loss=loss, train_op=train_op, training_hooks=list(
+        spec.training_hooks) + [hook])
 
 
 class AccumulationHook(tf1.train.SessionRunHook):

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import warn_once
+from estimator_multigpu.update import chain as chain_lib
 
 
 def clip_by_global_norm(grads_and_vars: list, clip_norm: float) -> list:
@@ -159,3 +160,17 @@ def signature(grads_and_vars: list, computed: frozenset = frozenset()
   return [None if g is None else tuple(
       t.op.type for t in _chain(g, computed, _ELEMENTWISE_OR_SUMS)[0])
           for g, _ in grads_and_vars]
+
+
+class ClipByGlobalNorm(chain_lib.UpdateStep):
+  """The update chain's clip step: each optimizer call's combined
+  gradients to a global norm of `clip_norm` (`clip_gradients_by_norm`)."""
+
+  name = "clip"
+
+  def __init__(self, clip_norm: float):
+    self.clip_norm = clip_norm
+
+  def transform(self, update) -> list:
+    with tf.name_scope("clip_gradients"):
+      return clip_by_global_norm(update.grads_and_vars, self.clip_norm)

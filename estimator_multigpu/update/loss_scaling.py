@@ -16,13 +16,14 @@ so checkpoints stay portable between precisions.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
 from estimator_multigpu import compat
+from estimator_multigpu.update import chain
 
 tf1 = tf.compat.v1
 
@@ -73,6 +74,63 @@ class LossScaling:
 
   def hook(self, output_dir: Optional[str]) -> "LossScaleHook":
     return LossScaleHook(self.should_apply, self.value, output_dir)
+
+
+def for_graph(mixed_precision: Optional[str], mode: str,
+              device: Optional[str]) -> Optional[LossScaling]:
+  """float16 training's loss scale, on the aggregation `device`; else None."""
+  if mixed_precision != "float16" or mode != tf.estimator.ModeKeys.TRAIN:
+    return None
+  return LossScaling(device)
+
+
+class SkipNonFinite(chain.UpdateStep):
+  """The update chain's decision: apply the step's update only if every
+  gradient of it (every tower's, every micro-batch's) is finite; the
+  loss-scale update, its summaries and `LossScaleHook` go with the spec."""
+
+  name = "skip_nonfinite"
+
+  def __init__(self, scaling: LossScaling, device: Optional[str],
+               micro_batches: Any = None):
+    """`micro_batches`: the chain's `accumulation.Accumulate` step, which
+    counts non-finite micro-batches over the update; None: one batch."""
+    self.scaling = scaling
+    self.device = device
+    self._micro_batches = micro_batches
+    self._update: Optional[tf.Operation] = None
+
+  def prepare(self, towers: list) -> None:
+    with tf.device(self.device):
+      finite = all_finite(towers)
+      if self._micro_batches is not None:
+        finite = self._micro_batches.in_every_micro_batch(
+            "nonfinite_micro_batches", finite)
+      self._update = self.scaling.update(finite)
+
+  def apply_if(self, call: Any) -> Optional[tf.Tensor]:
+    del call
+    return self.scaling.should_apply
+
+  def finish(self, spec, towers: list, output_dir: Optional[str]):
+    del towers
+    with tf.device(self.device):
+      train_op = tf.group(spec.train_op, self._update)
+      self.scaling.summarize()
+      hooks = list(spec.training_hooks) + [self.scaling.hook(output_dir)]
+    return spec._replace(train_op=train_op, training_hooks=hooks)
+
+
+class Unscale(chain.UpdateStep):
+  """The update chain's unscale: the gradients ÷ the loss scale."""
+
+  name = "unscale"
+
+  def __init__(self, scaling: LossScaling):
+    self.scaling = scaling
+
+  def transform(self, update: Any) -> list:
+    return self.scaling.unscale(update.grads_and_vars)
 
 
 def _make_local(variables: list) -> None:
