@@ -40,7 +40,7 @@ def test_the_defaults_pass_their_checks_unchanged_but_devices():
   checked = options_lib.check_options()
   assert checked == options_lib.Options(devices=None)
   assert checked.groups is None
-  assert checked.packing_bytes == options_lib.allreduce.DEFAULT_PACKING_BYTES
+  assert checked.packing_bytes == options_lib.all_reduce_lib.DEFAULT_PACKING_BYTES
   assert not checked.asks_for_all_reduce
 
 
