@@ -15,6 +15,17 @@ hooks, guards, evaluation loop and model-dir tools of a training job) and
 `multi_gpu`). Everything else is internal and may change without notice.
 Public names load on first use (PEP 562).
 
+Inside, from the top down (a module imports only those below it):
+`decorator` (`multi_gpu`) checks its `options` and hands each graph to
+`pipeline` (plan -> shards -> towers -> update chain -> spec); `check`,
+`check_report` and `check_readouts` are `check_towers`; `parallel` calls
+one function per device. `update/` turns the towers' gradients into one
+update (the chain of steps); `strategies/` say where variables live and how
+gradients combine; `cross_tower/` communicates between towers while they
+are built; `graph/` builds one graph; `collectives` holds TensorFlow's
+collective ops between towers; `runtime/`, `cluster/` and `devices/` run a
+job; `compat` is every TensorFlow internal used, by version.
+
 What importing the package does depends on the TensorFlow line
 (`compat.install`): on TF 2.15 nothing (TensorFlow is not even imported); on
 TF 2.16 to 2.21 it imports TensorFlow with `tf.keras` routed to tf-keras

@@ -6,7 +6,8 @@
   checkpoints (in a model dir that is a folder); eval.py and export.py read
   it.
 - `run_record`: what train.py records and says on a resume.
-- `resume`: a resumed train.py refuses another net or other data.
+- `resume`: a resumed train.py refuses another net or other data;
+  `resume_settings`: on a resume, what was not given comes from the record.
 - `checkpoints`: the checkpoint a path names; a model dir that can save;
   train.py's lock on it.
 - `restore_check`: the model dir's checkpoint fits the graph this run builds.

@@ -1,10 +1,13 @@
 """Building one graph: plan, shards, towers, shared variables, merged spec, EMA.
 
 In the order data flows: `plan` (which device each tower uses), `splitting`
-(the global batch into per-tower shards), `towers` (the model_fn once per
-tower; `sharing` gives towers 1.. tower 0's variables), `precision` (mixed
-precision inside the towers), `specs` (one EstimatorSpec from the towers')
-and `ema` (the moving average of the weights).
+(the global batch into per-tower shards; `empty_shards` keeps oneDNN away
+from an empty one on a CPU), `towers` (the model_fn once per tower, called
+through `calling`; `sharing` gives towers 1.. tower 0's variables;
+`patching` installs a module patch while towers are built), `precision`
+(mixed precision inside the towers), `specs` (one EstimatorSpec from the
+towers'), `nan_guard` (a NaN loss names its inputs) and `ema` (the moving
+average of the weights).
 
 What the user reads and writes: `global_calls` (metric and summary APIs
 built once from the global batch; `readout_apis` lists them,
