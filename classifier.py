@@ -18,6 +18,7 @@ from typing import Optional
 import tensorflow as tf
 
 import estimator_multigpu as emg
+
 import nets
 
 tf1 = tf.compat.v1

@@ -30,21 +30,22 @@ from cli import script_logging
 script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import flags
-from absl import logging
 import sys
 
+from absl import flags
+from absl import logging
 import tensorflow as tf
 import tqdm
 
 import estimator_multigpu as emg
 from estimator_multigpu.runtime import evaluation
+
 import classifier
 from cli import cluster_task
-from cli.flags import definitions as cli_flags
 from cli import run_setup
 from cli import settings as settings_lib
 from cli import towers as towers_lib
+from cli.flags import definitions as cli_flags
 from cli.model_dir import checkpoints
 from cli.model_dir import eval_dirs
 from cli.model_dir import restore_check

@@ -43,9 +43,9 @@ import estimator_multigpu as emg
 
 import classifier
 from cli import cluster_task
-from cli.flags import definitions as cli_flags
 from cli import run_setup
 from cli import settings as settings_lib
+from cli.flags import definitions as cli_flags
 from cli.model_dir import checkpoints
 from cli.model_dir import restore_check
 import datasets

@@ -47,25 +47,25 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import cluster
-from estimator_multigpu.runtime import evaluation
-from estimator_multigpu.runtime import guards
+from estimator_multigpu.cluster.all_reduce import stop_signal
 from estimator_multigpu.cluster.all_reduce import training as all_reduce_training
 from estimator_multigpu.cluster.ps import job as ps_job
-from estimator_multigpu.cluster.all_reduce import stop_signal
+from estimator_multigpu.runtime import evaluation
+from estimator_multigpu.runtime import guards
 
 import classifier
-import datasets
 from cli import cluster_task
-from cli.flags import definitions as cli_flags
 from cli import run_plan
 from cli import run_setup
 from cli import settings as settings_lib
 from cli import towers as towers_lib
+from cli.flags import definitions as cli_flags
 from cli.model_dir import checkpoints
 from cli.model_dir import resume_settings
 from cli.model_dir import run_config
 from cli.model_dir import run_settings
 from cli.model_dir import start
+import datasets
 
 FLAGS = flags.FLAGS
 FLAG_GROUPS = (cli_flags.shared, cli_flags.training, cli_flags.fine_tuning,

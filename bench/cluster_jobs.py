@@ -16,9 +16,10 @@ import subprocess
 import sys
 import time
 
+from estimator_multigpu.cluster import launch
+
 from bench import cluster_horovod
 from bench import cluster_report
-from estimator_multigpu.cluster import launch
 
 
 def runnable(systems: list) -> list:

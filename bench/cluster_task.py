@@ -36,7 +36,11 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import estimator_multigpu as emg  # pylint: disable=wrong-import-position
 from estimator_multigpu import cluster  # pylint: disable=wrong-import-position
 from estimator_multigpu.cluster.ps import job as ps_job  # pylint: disable=wrong-import-position
-from bench import cluster_horovod, cluster_trace, models, specs  # pylint: disable=wrong-import-position
+
+from bench import cluster_horovod  # pylint: disable=wrong-import-position
+from bench import cluster_trace  # pylint: disable=wrong-import-position
+from bench import models  # pylint: disable=wrong-import-position
+from bench import specs  # pylint: disable=wrong-import-position
 
 tf1 = tf.compat.v1
 

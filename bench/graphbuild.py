@@ -26,9 +26,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import estimator_multigpu as emg  # pylint: disable=g-import-not-at-top
+
 from bench import models  # pylint: disable=g-import-not-at-top
-from bench import specs  # pylint: disable=g-import-not-at-top
 from bench import protocol  # pylint: disable=g-import-not-at-top
+from bench import specs  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 

@@ -10,9 +10,9 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 
+from bench.specs import ModelSpec
 import datasets
 import nets
-from bench.specs import ModelSpec
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys

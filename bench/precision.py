@@ -52,8 +52,10 @@ def run_one(config: dict) -> dict:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import classifier  # pylint: disable=g-import-not-at-top
+
   import estimator_multigpu as emg  # pylint: disable=g-import-not-at-top
+
+  import classifier  # pylint: disable=g-import-not-at-top
   tf.get_logger().setLevel("ERROR")
   tf1 = tf.compat.v1
   session_config = emg.make_session_config(num_cpus=2)

@@ -32,9 +32,9 @@ from cli import script_logging
 script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from bench import specs
 from bench import report
 from bench import schedule
+from bench import specs
 
 FLAGS = flags.FLAGS
 

@@ -25,6 +25,7 @@ import tempfile
 import tensorflow as tf
 
 import estimator_multigpu as emg
+
 from bench import models
 from bench import protocol
 from bench import specs

@@ -30,8 +30,11 @@ def main(argv: list) -> None:
   job = json.loads(argv[1])
   if job["system"] == "mirrored" and job["kind"] == "cpu":
     split_cpu(job["towers"])
-  from bench import protocol, specs, systems  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from bench import protocol  # pylint: disable=g-import-not-at-top
+  from bench import specs  # pylint: disable=g-import-not-at-top
+  from bench import systems  # pylint: disable=g-import-not-at-top
   tf.get_logger().setLevel("ERROR")
   spec = specs.get_model(job["model"], on_gpu=job["kind"] == "gpu")
   pacer = protocol.Pacer(started)

@@ -13,8 +13,8 @@ from typing import Optional
 
 from absl import logging
 
-from estimator_multigpu.runtime import checkpoints as checkpoints_lib
 from estimator_multigpu import cluster
+from estimator_multigpu.runtime import checkpoints as checkpoints_lib
 
 from cli import settings as settings_lib
 from cli import towers as towers_lib

@@ -105,6 +105,7 @@ from absl import flags
 from cli import script_logging
 from cli.flags import grouped_help
 from cli.flags import unknown
+
 # pylint: enable=g-import-not-at-top,wrong-import-position,g-bad-import-order
 
 USAGE = 2
@@ -166,6 +167,7 @@ def _bad_record(error) -> Optional[str]:
   """A damaged record file (DataLossError) or a record check that failed
   (datasets/record_checks.py), named; else None."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from datasets import record_checks  # pylint: disable=g-import-not-at-top
   if isinstance(error, tf.errors.DataLossError):
     return record_checks.find_damaged_record()

@@ -16,8 +16,8 @@ from estimator_multigpu.runtime import hooks
 from estimator_multigpu.runtime import scaling
 
 import classifier
-from cli import towers as towers_lib
 from cli import settings as settings_lib
+from cli import towers as towers_lib
 from cli.flags import advice
 from cli.model_dir import restore_check
 

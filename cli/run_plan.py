@@ -16,7 +16,6 @@ import tensorflow as tf
 from estimator_multigpu import cluster
 
 import classifier
-import datasets
 from cli import cluster_task
 from cli import fine_tuning
 from cli import run_estimator
@@ -27,6 +26,7 @@ from cli.flags import advice
 from cli.flags import optimization
 from cli.model_dir import checkpoints
 from cli.model_dir import resume
+import datasets
 
 Settings = settings_lib.TrainSettings
 

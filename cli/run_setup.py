@@ -15,12 +15,15 @@ room's (cli/data/).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, TYPE_CHECKING
 
 from cli import settings as settings_lib
 from cli.data import checks
 from cli.model_dir import run_config
 from preprocessing import preprocessing_factory
+
+if TYPE_CHECKING:  # classifier imports TensorFlow: loaded where it is used.
+  import classifier
 
 TRAIN_SPLIT = "train"
 EVAL_SPLIT = "eval"

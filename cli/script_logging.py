@@ -33,8 +33,8 @@ import os
 import re
 import sys
 import tempfile
-import warnings
 from typing import Optional, Sequence
+import warnings
 
 VERBOSE = 1  # --verbosity at which TensorFlow's own lines come back.
 DEPRECATION_TEXTS = ("is deprecated and will be removed",

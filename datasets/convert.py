@@ -30,8 +30,8 @@ split, which eval.py reads by default.
 import os
 import random
 import sys
-import uuid
 from typing import Dict, List, Optional, Sequence, Tuple
+import uuid
 
 from absl import logging
 import numpy as np

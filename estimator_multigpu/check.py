@@ -27,8 +27,8 @@ import tensorflow as tf
 from estimator_multigpu import check_readouts
 from estimator_multigpu import check_report
 from estimator_multigpu import compat
-from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import decorator
+from estimator_multigpu import devices as devices_lib
 from estimator_multigpu.graph import calling
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import state_updates

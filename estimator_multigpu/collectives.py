@@ -39,8 +39,8 @@ import collections
 import dataclasses
 import itertools
 import threading
-import weakref
 from typing import Any, Optional
+import weakref
 
 import tensorflow as tf
 

@@ -8,9 +8,9 @@ import tensorflow as tf
 
 from estimator_multigpu import options as options_lib
 from estimator_multigpu import pipeline
+from estimator_multigpu import slim_compat
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import warn_once
-from estimator_multigpu import slim_compat
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys

@@ -17,13 +17,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional, Sequence
 
-from estimator_multigpu.update import accumulation
-from estimator_multigpu.strategies import all_reduce as all_reduce_lib
 from estimator_multigpu import devices as devices_lib
-from estimator_multigpu.graph import precision
-from estimator_multigpu.graph import plan as plan_lib
-from estimator_multigpu.graph import prediction_padding
 from estimator_multigpu import strategies
+from estimator_multigpu.graph import plan as plan_lib
+from estimator_multigpu.graph import precision
+from estimator_multigpu.graph import prediction_padding
+from estimator_multigpu.strategies import all_reduce as all_reduce_lib
+from estimator_multigpu.update import accumulation
+
 LOSS_REDUCTIONS = ("mean", "sum")
 
 

@@ -16,12 +16,11 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu import devices as devices_lib
-from estimator_multigpu import options as options_lib
 from estimator_multigpu.graph import empty_shards
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import splitting
-from estimator_multigpu.strategies import shared
 from estimator_multigpu.graph import towers as towers_lib
+from estimator_multigpu.strategies import shared
 
 nest_lib = compat.internal("nest")
 tf1 = tf.compat.v1

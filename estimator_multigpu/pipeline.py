@@ -16,6 +16,11 @@ import tensorflow as tf
 
 from estimator_multigpu import options as options_lib
 from estimator_multigpu import strategies
+from estimator_multigpu.cross_tower import across_tasks
+from estimator_multigpu.cross_tower import context
+from estimator_multigpu.cross_tower import regularization
+from estimator_multigpu.cross_tower import sync_batch_norm
+from estimator_multigpu.cross_tower import v1_losses
 from estimator_multigpu.graph import batch_size_param
 from estimator_multigpu.graph import calling
 from estimator_multigpu.graph import ema as ema_lib
@@ -32,11 +37,6 @@ from estimator_multigpu.graph import splitting
 from estimator_multigpu.graph import state_updates
 from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import towers as towers_lib
-from estimator_multigpu.cross_tower import across_tasks
-from estimator_multigpu.cross_tower import context
-from estimator_multigpu.cross_tower import sync_batch_norm
-from estimator_multigpu.cross_tower import regularization
-from estimator_multigpu.cross_tower import v1_losses
 from estimator_multigpu.strategies import all_reduce as all_reduce_lib
 from estimator_multigpu.update import accumulation
 from estimator_multigpu.update import canned

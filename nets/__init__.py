@@ -15,7 +15,7 @@ from estimator_multigpu import slim_compat
 slim_compat.apply_all()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from nets.nets_factory import NETWORK_NAMES
 from nets.nets_factory import get_network_fn
+from nets.nets_factory import NETWORK_NAMES
 
 __all__ = ["NETWORK_NAMES", "get_network_fn"]

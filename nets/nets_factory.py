@@ -13,8 +13,13 @@ from typing import Any, Dict, Tuple
 import tensorflow as tf
 import tf_slim as slim
 
-from nets import cifarnet, lenet, mlp, slim_nets
-from nets.slim_nets import ArgScopeFn, NetFn, NetOutput
+from nets import cifarnet
+from nets import lenet
+from nets import mlp
+from nets import slim_nets
+from nets.slim_nets import ArgScopeFn
+from nets.slim_nets import NetFn
+from nets.slim_nets import NetOutput
 
 _NETWORKS: Dict[str, Tuple[NetFn, ArgScopeFn]] = {
     "cifarnet": (cifarnet.cifarnet, cifarnet.cifarnet_arg_scope),

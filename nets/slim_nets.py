@@ -25,7 +25,12 @@ from typing import Any, Callable, Dict, Tuple
 
 import tensorflow as tf
 import tf_slim as slim
-from tf_slim.nets import alexnet, inception, overfeat, resnet_v1, resnet_v2, vgg
+from tf_slim.nets import alexnet
+from tf_slim.nets import inception
+from tf_slim.nets import overfeat
+from tf_slim.nets import resnet_v1
+from tf_slim.nets import resnet_v2
+from tf_slim.nets import vgg
 
 tf1 = tf.compat.v1
 

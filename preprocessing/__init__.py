@@ -10,11 +10,11 @@ Evaluation always resizes (bilinear), whatever the name: export.py's
 serving graph repeats exactly that.
 """
 
-from preprocessing.preprocessing_factory import DEFAULT_NAME
-from preprocessing.preprocessing_factory import PREPROCESSING_NAMES
 from preprocessing.preprocessing_factory import check_for_dataset
+from preprocessing.preprocessing_factory import DEFAULT_NAME
 from preprocessing.preprocessing_factory import get_preprocessing
 from preprocessing.preprocessing_factory import is_random
+from preprocessing.preprocessing_factory import PREPROCESSING_NAMES
 
 __all__ = [
     'DEFAULT_NAME',

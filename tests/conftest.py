@@ -18,6 +18,7 @@ tf.get_logger().setLevel("ERROR")
 # `multi_gpu` call applied the fixes tf-slim 1.1.0 needs on TF >= 2.15: apply
 # them once, so no test depends on which test ran first on its worker.
 from estimator_multigpu import slim_compat  # pylint: disable=g-import-not-at-top
+
 slim_compat.apply_all()
 
 NUM_CPUS = 4

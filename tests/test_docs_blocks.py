@@ -16,9 +16,8 @@ import subprocess
 import sys
 import zlib
 
-import pytest
-
 import doc_blocks
+import pytest
 
 ROOT = doc_blocks.ROOT
 PAGES = doc_blocks.pages()

@@ -8,8 +8,9 @@ commands equal to the README's.
 
 import importlib.util
 
-import estimator_multigpu as emg
 import doc_blocks
+
+import estimator_multigpu as emg
 
 ROOT = doc_blocks.ROOT
 API = (ROOT / "docs" / "api.md").read_text()

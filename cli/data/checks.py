@@ -16,10 +16,10 @@ from typing import Optional
 
 import tensorflow as tf
 
-import datasets
-import nets
 from cli.model_dir import run_config
+import datasets
 from datasets import tfrecord
+import nets
 
 
 def classes_and_image_size(values: dict, given: dict,

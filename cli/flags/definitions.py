@@ -19,12 +19,12 @@ from typing import Callable, Type, TypeVar
 
 from absl import flags
 
-import datasets
-import nets
 from cli import settings
 from cli.flags import training_flags
 from cli.flags import use_table
 from cli.flags import validators
+import datasets
+import nets
 
 # train.py's own groups (cli/flags/training_flags.py).
 training = training_flags.training

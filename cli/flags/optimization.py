@@ -26,9 +26,9 @@ from absl import flags
 from absl import logging
 
 import classifier
-import datasets
 from cli import run_setup
 from cli import settings
+import datasets
 
 FLAGS = flags.FLAGS
 SETTING_HELP = {  # the per-optimizer settings, with their --help.

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from absl import flags
 
+from estimator_multigpu import cluster as cluster_lib
+
 import classifier
 from cli import multi_gpu_options
 from cli import settings
 from cli.flags import optimization
 from cli.flags import validators
-from estimator_multigpu import cluster as cluster_lib
 from preprocessing import preprocessing_factory
 
 _DEFINE = {"float": flags.DEFINE_float, "integer": flags.DEFINE_integer,

@@ -16,8 +16,9 @@ from typing import Callable, Optional
 
 from absl import flags
 
-from datasets import _pipeline
 from estimator_multigpu import devices as devices_lib
+
+from datasets import _pipeline
 import nets
 from preprocessing import preprocessing_factory
 

@@ -15,9 +15,9 @@ from typing import Optional
 
 from estimator_multigpu.runtime import checkpoints as checkpoints_lib
 
-import datasets
 from cli.model_dir import run_config
 from cli.model_dir import run_settings
+import datasets
 
 SAME_DATA = run_settings.names(on_resume=run_settings.MUST_MATCH)
 

@@ -24,20 +24,20 @@ One family per kind of job:
 The task names are re-exported here: `cluster.Task`, `cluster.PS`, ...
 """
 
+from estimator_multigpu.cluster.task import check_task
 from estimator_multigpu.cluster.task import CHIEF
 from estimator_multigpu.cluster.task import EVALUATOR
-from estimator_multigpu.cluster.task import PS
-from estimator_multigpu.cluster.task import TASK_TYPES
-from estimator_multigpu.cluster.task import WORKER
-from estimator_multigpu.cluster.task import Task
-from estimator_multigpu.cluster.task import check_task
 from estimator_multigpu.cluster.task import exit_process
+from estimator_multigpu.cluster.task import PS
 from estimator_multigpu.cluster.task import resolve_task
 from estimator_multigpu.cluster.task import server_config
 from estimator_multigpu.cluster.task import session_config
 from estimator_multigpu.cluster.task import start_server
+from estimator_multigpu.cluster.task import Task
 from estimator_multigpu.cluster.task import task_from_flags
 from estimator_multigpu.cluster.task import task_from_tf_config
+from estimator_multigpu.cluster.task import TASK_TYPES
+from estimator_multigpu.cluster.task import WORKER
 
 __all__ = ["CHIEF", "EVALUATOR", "PS", "TASK_TYPES", "WORKER", "Task",
            "check_task", "exit_process", "resolve_task", "server_config",

@@ -30,12 +30,12 @@ from estimator_multigpu.compat import keras_routing
 from estimator_multigpu.compat import members
 from estimator_multigpu.compat import versions
 from estimator_multigpu.compat.estimator_shim import install
-from estimator_multigpu.compat.internals import INTERNALS
 from estimator_multigpu.compat.internals import Internal
 from estimator_multigpu.compat.internals import internal
+from estimator_multigpu.compat.internals import INTERNALS
+from estimator_multigpu.compat.members import private
 from estimator_multigpu.compat.members import PRIVATE_MEMBERS
 from estimator_multigpu.compat.members import PrivateMember
-from estimator_multigpu.compat.members import private
 from estimator_multigpu.compat.members import set_private
 from estimator_multigpu.compat.versions import FIRST_SUPPORTED
 from estimator_multigpu.compat.versions import keras_package

@@ -18,6 +18,7 @@ from typing import Tuple
 
 from estimator_multigpu.compat import versions
 
+
 @dataclasses.dataclass(frozen=True)
 class Internal:
   """A private TensorFlow/Keras module and the names the package uses in it.

@@ -41,8 +41,8 @@ from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu import compat
-from estimator_multigpu.graph import patching
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import patching
 from estimator_multigpu.graph import tensor_kinds
 
 tf1 = tf.compat.v1

@@ -36,9 +36,8 @@ from typing import Any
 
 import tensorflow as tf
 
-
-from estimator_multigpu import compat
 from estimator_multigpu import collectives
+from estimator_multigpu import compat
 from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.cross_tower import moments
 from estimator_multigpu.graph import patching

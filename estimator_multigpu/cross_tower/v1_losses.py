@@ -29,8 +29,8 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.cross_tower import context as context_lib
-from estimator_multigpu.graph import patching
 from estimator_multigpu.cross_tower import losses as loss_tools
+from estimator_multigpu.graph import patching
 
 losses_impl = compat.internal("losses_impl")
 losses_util = compat.internal("losses_util")

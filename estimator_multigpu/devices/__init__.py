@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from estimator_multigpu.devices import gpu_visibility
 from estimator_multigpu.devices import topology
+
 # Re-exported: the device listings live in topology.py.
 DeviceRecord = topology.DeviceRecord
 aggregation_device_for = topology.aggregation_device_for

@@ -15,10 +15,11 @@ from typing import Optional, Sequence, Union
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu import devices as devices_lib
 from estimator_multigpu import collectives
+from estimator_multigpu import devices as devices_lib
 from estimator_multigpu.graph import splitting
 from estimator_multigpu.graph import towers as towers_lib
+
 DevicesOption = Union[None, int, Sequence[str], Sequence[Sequence[str]]]
 
 

@@ -18,8 +18,8 @@ import sys
 import tensorflow as tf
 
 from estimator_multigpu import compat
-from estimator_multigpu.graph import patching
 from estimator_multigpu.graph import global_calls
+from estimator_multigpu.graph import patching
 
 tf1 = tf.compat.v1
 

@@ -12,8 +12,8 @@ called on its own) a topic is said once per graph.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Any, Callable, Optional
+import weakref
 
 from absl import logging
 import tensorflow as tf

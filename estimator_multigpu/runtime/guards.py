@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from estimator_multigpu.graph import nan_guard
 from estimator_multigpu.graph import specs
+
 tf1 = tf.compat.v1
 
 __all__ = ["FiniteCheckpointListener", "NonFiniteLossError",

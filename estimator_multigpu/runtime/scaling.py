@@ -54,6 +54,7 @@ import tensorflow as tf
 
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.runtime import hooks
+
 tf1 = tf.compat.v1
 
 __all__ = ["InputWait", "ScalingReport", "ScalingReportHook",

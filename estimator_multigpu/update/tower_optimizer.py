@@ -21,6 +21,7 @@ from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.strategies import base
 from estimator_multigpu.update import keras_optimizer
 from estimator_multigpu.update import recording
+
 tf1 = tf.compat.v1
 
 # Names of the SyncReplicasOptimizers that applied gradients in this graph

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
+
 from bench import models
 from bench import protocol
 from bench import report

@@ -7,18 +7,18 @@ same initial values (the chief's model.ckpt-0).
 """
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
+import all_reduce_task
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import all_reduce_task
 from estimator_multigpu.cluster import launch
 
 tf1 = tf.compat.v1

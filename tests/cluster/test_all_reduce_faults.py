@@ -18,17 +18,16 @@ import time
 
 import pytest
 import tensorflow as tf
-
-from estimator_multigpu.cluster import launch
 from test_all_reduce_cluster import TASK
-from test_all_reduce_cluster import start_job
 from test_all_reduce_cluster import wait_all
-from test_distributed import ENV
-from test_distributed import ROOT
 from test_distributed import checkpoint_step
+from test_distributed import ENV
 from test_distributed import last_step_logged
+from test_distributed import ROOT
 from test_distributed import run_launcher
 from test_distributed import wait_until
+
+from estimator_multigpu.cluster import launch
 
 pytestmark = pytest.mark.slow
 TRAIN_FLAGS = ["--model_name=mlp", "--virtual_cpus=2", "--log_every_n_steps=1",

@@ -10,13 +10,13 @@ import signal
 import time
 
 import pytest
-
-from estimator_multigpu.cluster import launch
-from test_distributed import TRAIN_FLAGS
-from test_distributed import Tasks
 from test_distributed import checkpoint_step
 from test_distributed import last_step_logged
+from test_distributed import Tasks
+from test_distributed import TRAIN_FLAGS
 from test_distributed import wait_until
+
+from estimator_multigpu.cluster import launch
 
 pytestmark = pytest.mark.slow
 

@@ -17,20 +17,21 @@ import types
 
 from absl import flags
 from absl.testing import flagsaver
+import linear_cluster
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
-import classifier
 from estimator_multigpu import cluster
-from estimator_multigpu.cluster.ps import job as ps_job
 from estimator_multigpu.cluster import launch
-import linear_cluster
-import train
+from estimator_multigpu.cluster.ps import job as ps_job
+
+import classifier
 from cli import cluster_task as cluster_task_lib
-from cli.flags import definitions as cli_flags
 from cli import settings as settings_lib
+from cli.flags import definitions as cli_flags
+import train  # noqa: F401 (defines train.py's flags, which the tests parse)
 
 tf1 = tf.compat.v1
 FLAGS = flags.FLAGS

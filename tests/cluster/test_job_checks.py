@@ -13,11 +13,12 @@ from estimator_multigpu import cluster
 from estimator_multigpu.cluster.all_reduce import agreement
 from estimator_multigpu.cluster.all_reduce import board_entries
 from estimator_multigpu.cluster.all_reduce import heartbeat
+
+import classifier
 from cli import cluster_task
 from cli import settings as settings_lib
 from cli.model_dir import run_config
 from cli.model_dir import run_settings
-import classifier
 
 tf1 = tf.compat.v1
 

@@ -11,12 +11,11 @@ import subprocess
 import sys
 
 import pytest
-
-from test_all_reduce_faults import TrainTasks
 from test_all_reduce_faults import error_lines
+from test_all_reduce_faults import TrainTasks
 from test_distributed import ENV
-from test_distributed import ROOT
 from test_distributed import last_step_logged
+from test_distributed import ROOT
 from test_distributed import wait_until
 
 pytestmark = pytest.mark.slow

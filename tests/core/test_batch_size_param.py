@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
+
 from tests import harness
 
 tf1 = tf.compat.v1

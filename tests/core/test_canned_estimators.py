@@ -24,6 +24,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
+
 import harness
 
 fc = tf.feature_column

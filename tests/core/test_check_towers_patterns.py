@@ -7,11 +7,10 @@ import functools
 import logging
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
-from estimator_multigpu.update import clipping
+
 import harness
 
 tf1 = tf.compat.v1

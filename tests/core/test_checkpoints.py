@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_multigpu.runtime import checkpoints
+
 tf1 = tf.compat.v1
 
 

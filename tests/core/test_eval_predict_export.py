@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
+
 import harness
 
 tf1 = tf.compat.v1

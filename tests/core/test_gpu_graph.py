@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import devices as devices_lib
+
 import harness
 
 tf1 = tf.compat.v1

@@ -7,8 +7,9 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
-import harness
 from estimator_multigpu.update import clipping
+
+import harness
 
 tf1 = tf.compat.v1
 X, Y = harness.linear_data(7)

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import compat
+
 import harness
 
 tf1 = tf.compat.v1

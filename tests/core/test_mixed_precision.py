@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import classifier
-import datasets
 import estimator_multigpu as emg
 from estimator_multigpu.update import loss_scaling
+
+import classifier
+import datasets
 import harness
 
 tf1 = tf.compat.v1

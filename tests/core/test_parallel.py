@@ -6,6 +6,7 @@ import tensorflow as tf
 import tf_slim as slim
 
 import estimator_multigpu as emg
+
 from nets import nets_factory
 
 tf1 = tf.compat.v1

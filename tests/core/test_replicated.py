@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu.strategies import all_reduce as all_reduce_lib
+
 import harness
 
 tf1 = tf.compat.v1

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_multigpu.graph import splitting
+
 tf1 = tf.compat.v1
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_multigpu.graph import splitting
+
 tf1 = tf.compat.v1
 
 trailing_shapes = st.lists(st.integers(1, 3), max_size=2)

@@ -12,6 +12,7 @@ import tensorflow as tf
 import tf_slim as slim
 
 import estimator_multigpu as emg
+
 import harness
 
 tf1 = tf.compat.v1

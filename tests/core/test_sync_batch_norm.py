@@ -19,9 +19,10 @@ import tf_slim as slim
 
 import estimator_multigpu as emg
 from estimator_multigpu import collectives
-from estimator_multigpu.cross_tower import moments
 from estimator_multigpu import slim_compat
+from estimator_multigpu.cross_tower import moments
 from estimator_multigpu.cross_tower import sync_batch_norm
+
 import harness
 
 tf1 = tf.compat.v1

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
+
 import harness
 
 if not hasattr(inspect, "getargspec"):  # gone in Python 3.11; TF-GAN uses it.

@@ -8,6 +8,7 @@ import tensorflow as tf
 import estimator_multigpu as emg
 from estimator_multigpu.update import chain
 from estimator_multigpu.update import steps as steps_lib
+
 import harness
 
 tf1 = tf.compat.v1

@@ -14,6 +14,7 @@ import tensorflow as tf
 import tf_slim
 
 import estimator_multigpu as emg
+
 import harness
 
 tf1 = tf.compat.v1

@@ -9,14 +9,14 @@ unwrapped model_fn in plain TF, which the library does not touch.
 
 import logging
 
+import bert_like
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_slim as slim
 
 import estimator_multigpu as emg
-from estimator_multigpu.update import clipping
-import bert_like
+
 import harness
 
 tf1 = tf.compat.v1

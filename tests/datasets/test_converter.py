@@ -16,15 +16,15 @@ import struct
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_data import collect
+from test_data import encode_bmp
+from test_data import encode_png
 
 import datasets
 from datasets import convert
 from datasets import exif
 from datasets import image_formats
 from datasets import split_record
-from test_data import collect
-from test_data import encode_bmp
-from test_data import encode_png
 
 tf1 = tf.compat.v1
 WEBP_1X1 = base64.b64decode(  # a lossless 1x1 WebP, RGBA.

@@ -15,10 +15,10 @@ import tensorflow as tf
 
 import estimator_multigpu as emg
 from estimator_multigpu import devices
+from estimator_multigpu.devices import __main__ as devices_cli
 from estimator_multigpu.devices import gpu_visibility
 from estimator_multigpu.devices import topology
 from estimator_multigpu.devices.topology import DeviceRecord
-from estimator_multigpu.devices import __main__ as devices_cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

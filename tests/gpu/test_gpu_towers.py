@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
+
 import harness
 
 tf1 = tf.compat.v1

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_multigpu.runtime import guards
+
 tf1 = tf.compat.v1
 BAD_STEP = 3  # the update of step 3 makes `w` NaN; the loss stays finite.
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 import estimator_multigpu as emg
 from estimator_multigpu.runtime import hooks
 from estimator_multigpu.runtime import scaling
+
 tf1 = tf.compat.v1
 pytestmark = pytest.mark.filterwarnings("ignore:`tf.layers.dense`")
 GLOBAL_BATCH = 16

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_multigpu.runtime import guards
+
 tf1 = tf.compat.v1
 
 

@@ -5,14 +5,17 @@ import types
 import numpy as np
 import pytest
 import tensorflow as tf
-import tf_slim as slim
 from tensorflow.python.framework import tensor as tensor_lib
+import tf_slim as slim
 from tf_slim.layers import layers as slim_layers
 
-import nets
 from estimator_multigpu import compat
 from estimator_multigpu import slim_compat
-from nets import cifarnet, lenet, mlp
+
+import nets
+from nets import cifarnet
+from nets import lenet
+from nets import mlp
 
 tf1 = tf.compat.v1
 

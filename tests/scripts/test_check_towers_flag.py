@@ -1,11 +1,12 @@
 """train.py --check_towers: one device against the towers before training."""
 
 import tensorflow as tf
-
-import classifier
-import estimator_multigpu as emg
 from test_mistakes import run_in_process
 from test_mistakes import the_error_line
+
+import estimator_multigpu as emg
+
+import classifier
 
 tf1 = tf.compat.v1
 

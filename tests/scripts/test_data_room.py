@@ -9,15 +9,15 @@ import shutil
 import subprocess
 import sys
 
+import bad_inputs as bad
 import pytest
 import tensorflow as tf
-
-from cli.model_dir import run_config
-from cli.data import checks
 from test_mistakes import ROOT
 from test_mistakes import run_in_process
 from test_mistakes import the_error_line
-import bad_inputs as bad
+
+from cli.data import checks
+from cli.model_dir import run_config
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")
 

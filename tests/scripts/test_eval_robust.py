@@ -18,13 +18,13 @@ import time
 from absl import logging
 import pytest
 import tensorflow as tf
-
-import eval as eval_script
 from test_mistakes import ROOT
 from test_mistakes import run_in_process
 from test_mistakes import the_error_line
 from test_newcomer import metrics
 from test_newcomer import run_script
+
+import eval as eval_script
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")
 

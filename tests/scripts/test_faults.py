@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_multigpu.runtime import checkpoints
+
 pytestmark = pytest.mark.slow  # every test starts train.py.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

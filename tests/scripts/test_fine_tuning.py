@@ -21,12 +21,12 @@ import tensorflow as tf
 import classifier
 from cli import fine_tuning
 from cli import run_estimator
-from cli import towers as towers_lib
 from cli import settings
+from cli import towers as towers_lib
 from cli.model_dir import run_config
 import datasets
 import eval as eval_script
-import train
+import train  # noqa: F401 (defines train.py's flags, which the tests parse)
 
 FLAGS = flags.FLAGS
 tf1 = tf.compat.v1

@@ -8,10 +8,10 @@ import sys
 from absl import flags
 import pytest
 
+from cli.flags import definitions as cli_flags
+from cli.flags import grouped_help
 import eval as eval_script
 import export
-from cli.flags import grouped_help
-from cli.flags import definitions as cli_flags
 import train
 
 FLAGS = flags.FLAGS

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from test_mistakes import ROOT
 
 from cli import entry_point
-from test_mistakes import ROOT
 
 SCRIPTS = ("train.py", "eval.py", "export.py", "convert.py")
 

@@ -26,13 +26,14 @@ from typing import Callable, Optional
 from absl import flags
 from absl import logging as absl_logging
 from absl.testing import flagsaver
+import bad_inputs as bad
 import pytest
 import tensorflow as tf
 
 from estimator_multigpu.runtime import checkpoints
+
 from cli import entry_point
 from datasets import record_checks
-import bad_inputs as bad
 import eval as eval_script
 import export
 import train

@@ -8,6 +8,7 @@ from absl import flags
 import pytest
 
 from estimator_multigpu import options as options_lib
+
 from cli import multi_gpu_options
 from cli import settings
 from cli.flags import definitions as cli_flags

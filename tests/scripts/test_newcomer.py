@@ -18,17 +18,16 @@ import time
 from absl import logging
 import pytest
 import tensorflow as tf
-
-from cli import entry_point
-from cli.flags import use_table
-from datasets import convert
-from estimator_multigpu.runtime import evaluation
-from estimator_multigpu.runtime import model_dir_lock
 from test_mistakes import ROOT
 from test_mistakes import run_in_process
 from test_mistakes import the_error_line
-from test_mistakes import trained  # pylint: disable=unused-import (fixture)
-import bad_inputs as bad
+from test_mistakes import trained  # noqa: F401 (a fixture)
+
+from estimator_multigpu.runtime import evaluation
+from estimator_multigpu.runtime import model_dir_lock
+
+from cli.flags import use_table
+from datasets import convert
 import train
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")

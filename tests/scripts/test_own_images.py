@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from test_mistakes import ROOT
 from test_mistakes import run_in_process
 from test_mistakes import the_error_line

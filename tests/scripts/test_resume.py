@@ -15,16 +15,16 @@ import subprocess
 import sys
 
 from absl import logging
+import bad_inputs as bad
 import pytest
 import tensorflow as tf
+from test_mistakes import ROOT
+from test_mistakes import run_in_process
+from test_mistakes import the_error_line
 
 from cli import run_setup
 from cli.model_dir import resume
 from cli.model_dir import run_config
-from test_mistakes import ROOT
-from test_mistakes import run_in_process
-from test_mistakes import the_error_line
-import bad_inputs as bad
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")
 SMALL = ["--model_name=lenet", "--image_size=8", "--batch_size=2"]

@@ -10,11 +10,11 @@ import shutil
 
 from absl import logging
 import pytest
+from test_mistakes import run_in_process
 
 from cli import settings as settings_lib
 from cli.model_dir import resume_settings
 from cli.model_dir import run_config
-from test_mistakes import run_in_process
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")
 FIRST = ["--dataset_name=synthetic", "--image_size=8", "--num_classes=4",

@@ -7,11 +7,11 @@ import os
 
 from absl import logging
 import pytest
+from test_mistakes import run_in_process
+from test_mistakes import the_error_line
 
 import classifier
 from cli.flags import advice
-from test_mistakes import run_in_process
-from test_mistakes import the_error_line
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")
 SMALL_RUN = ["--dataset_name=synthetic", "--image_size=8", "--batch_size=8",

@@ -8,17 +8,17 @@ import pytest
 import tensorflow as tf
 
 import classifier
-from cli.flags import definitions as cli_flags
-from cli.flags import optimization
-import datasets
-from cli.flags import advice as run_advice
 from cli import run_estimator
 from cli import run_setup
 from cli import script_logging
 from cli import settings as settings_lib
 from cli import towers as towers_lib
+from cli.flags import advice as run_advice
+from cli.flags import definitions as cli_flags
+from cli.flags import optimization
 from cli.model_dir import run_config
 from cli.model_dir import run_record
+import datasets
 import train
 
 FLAGS = flags.FLAGS

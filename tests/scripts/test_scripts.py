@@ -13,15 +13,16 @@ from script_runs import run_script
 import tensorflow as tf
 
 from estimator_multigpu.runtime import evaluation
-from cli.flags import definitions as cli_flags
-from cli.flags import optimization
+
+import classifier
 from cli import run_estimator
 from cli import run_plan
 from cli import run_setup
 from cli import towers as towers_lib
+from cli.flags import definitions as cli_flags
+from cli.flags import optimization
 import eval as eval_script
 import train
-import classifier
 
 tf1 = tf.compat.v1
 FLAGS = flags.FLAGS

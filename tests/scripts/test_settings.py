@@ -5,14 +5,15 @@ import numpy as np
 import pytest
 
 import estimator_multigpu as emg
+
 from cli import cluster_task
-from cli.flags import definitions as cli_flags
-from cli.flags import optimization
 from cli import run_estimator
 from cli import run_plan
 from cli import run_setup
 from cli import settings
 from cli import towers as towers_lib
+from cli.flags import definitions as cli_flags
+from cli.flags import optimization
 import eval as eval_script
 import export
 import train

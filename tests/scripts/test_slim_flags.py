@@ -12,10 +12,10 @@ from script_runs import run_script
 import tensorflow as tf
 
 import classifier
-from cli.flags import definitions as cli_flags
-from cli.flags import optimization
 from cli import run_setup
 from cli import towers as towers_lib
+from cli.flags import definitions as cli_flags
+from cli.flags import optimization
 from cli.model_dir import run_config
 from cli.model_dir import run_record
 import datasets

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import classifier
 import estimator_multigpu as emg
+
+import classifier
 import harness
 
 tf1 = tf.compat.v1

@@ -4,10 +4,11 @@ from absl import flags
 import pytest
 
 import estimator_multigpu as emg
-from cli.flags import definitions as cli_flags
-from cli.flags import optimization
+
 from cli import run_estimator
 from cli import towers as towers_lib
+from cli.flags import definitions as cli_flags
+from cli.flags import optimization
 import train
 
 FLAGS = flags.FLAGS

@@ -6,10 +6,10 @@ import json
 
 import pytest
 import tensorflow as tf
-
-from cli import towers
 from test_mistakes import run_in_process
 from test_mistakes import the_error_line
+
+from cli import towers
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")
 

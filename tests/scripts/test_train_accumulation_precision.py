@@ -7,12 +7,12 @@ from absl import flags
 import pytest
 import tensorflow as tf
 
-from cli.flags import definitions as cli_flags
-from cli.flags import optimization
 from cli import run_estimator
 from cli import run_plan
 from cli import run_setup
 from cli import towers as towers_lib
+from cli.flags import definitions as cli_flags
+from cli.flags import optimization
 import train
 
 tf1 = tf.compat.v1

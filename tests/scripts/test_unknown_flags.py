@@ -13,12 +13,12 @@ import sys
 
 from absl import flags
 import pytest
-
-from cli.flags import slim_names
-from cli.flags import unknown
 from test_mistakes import ROOT
 from test_mistakes import run_in_process
 from test_mistakes import the_error_line
+
+from cli.flags import slim_names
+from cli.flags import unknown
 
 pytestmark = pytest.mark.usefixtures("parsed_flags")
 SLIM_ONLY = sorted(set(slim_names.slim_flags()) - unknown.OWN_FLAGS)

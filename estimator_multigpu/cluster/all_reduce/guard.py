@@ -30,8 +30,8 @@ import tensorflow as tf
 
 from estimator_multigpu.cluster.all_reduce import agreement
 from estimator_multigpu.cluster.all_reduce import board as board_lib
-from estimator_multigpu.cluster.all_reduce import stop_signal
 from estimator_multigpu.cluster.all_reduce import heartbeat
+from estimator_multigpu.cluster.all_reduce import stop_signal
 
 tf1 = tf.compat.v1
 

@@ -14,7 +14,9 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from estimator_multigpu.cluster.task import CHIEF, PS, Task
+from estimator_multigpu.cluster.task import CHIEF
+from estimator_multigpu.cluster.task import PS
+from estimator_multigpu.cluster.task import Task
 
 tf1 = tf.compat.v1
 

@@ -29,8 +29,8 @@ from typing import Any, Callable, Optional
 from absl import logging
 import tensorflow as tf
 
-from estimator_multigpu.cluster.ps.control_queues import CONTROL_TIMEOUT_SECS
 from estimator_multigpu.cluster.ps.control_queues import control_session
+from estimator_multigpu.cluster.ps.control_queues import CONTROL_TIMEOUT_SECS
 from estimator_multigpu.cluster.ps.control_queues import done_queue
 from estimator_multigpu.cluster.ps.control_queues import ended_queue
 from estimator_multigpu.cluster.ps.control_queues import job_ended
@@ -38,10 +38,13 @@ from estimator_multigpu.cluster.ps.control_queues import ps_endpoint
 from estimator_multigpu.cluster.ps.control_queues import ready_queue
 from estimator_multigpu.cluster.ps.control_queues import run_with_timeout
 from estimator_multigpu.cluster.ps.control_queues import size_and_dequeue
-from estimator_multigpu.cluster.task import CHIEF, PS, Task, exit_process
-from estimator_multigpu.cluster.task import start_server
 from estimator_multigpu.cluster.ps.watchdogs import ChiefWatch
 from estimator_multigpu.cluster.ps.watchdogs import PsWatchdog
+from estimator_multigpu.cluster.task import CHIEF
+from estimator_multigpu.cluster.task import exit_process
+from estimator_multigpu.cluster.task import PS
+from estimator_multigpu.cluster.task import start_server
+from estimator_multigpu.cluster.task import Task
 
 tf1 = tf.compat.v1
 

@@ -19,7 +19,9 @@ import tensorflow as tf
 from estimator_multigpu.cluster.ps.control_queues import chief_answers
 from estimator_multigpu.cluster.ps.control_queues import job_ended
 from estimator_multigpu.cluster.ps.control_queues import ps_answers
-from estimator_multigpu.cluster.task import CHIEF, Task, exit_process
+from estimator_multigpu.cluster.task import CHIEF
+from estimator_multigpu.cluster.task import exit_process
+from estimator_multigpu.cluster.task import Task
 
 tf1 = tf.compat.v1
 
