@@ -47,8 +47,6 @@ import tensorflow as tf
 from estimator_multigpu import compat
 
 collective_ops = compat.internal("collective_ops")
-
-
 tf1 = tf.compat.v1
 
 # How long a collective waits for the other towers before failing the step.
@@ -265,13 +263,11 @@ def _reduce(value: tf.Tensor, group: Group, instance_key: int,
         name="cross_tower_all_reduce")
 
 
-# TensorFlow keeps the shape a collective instance first ran with and
-# refuses another one, so a tensor whose rows change from step to step (a
-# `cross_tower_concat` of an uneven last batch) gets an instance key per row
-# count: in [ROWS_KEYS_START, 2**31), above the keys `_KEYS` and the cluster
-# give out, `MAX_ROWS` keys for each such collective of a graph.
-ROWS_KEYS_START = 1 << 30
-MAX_ROWS = 1 << 20
+# TensorFlow keeps the shape an instance first ran with, so a tensor whose
+# rows change between steps (a `cross_tower_concat` of an uneven last batch)
+# gets a key per row count, in [2**30, 2**31): above every other key.
+ROWS_KEYS_START, MAX_ROWS = 1 << 30, 1 << 20
+_ROWS_SLOTS = ((1 << 31) - ROWS_KEYS_START) // MAX_ROWS - 1
 
 
 def _key_for_rows(instance_key: int, value: tf.Tensor):
@@ -336,7 +332,6 @@ _LAUNCHERS = {"sum": _sum, "gather": _gather}
 
 
 CLUSTER_KEYS_START = 1_000_000_001
-_ROWS_SLOTS = ((1 << 31) - ROWS_KEYS_START) // MAX_ROWS - 1
 
 
 def restart_keys(start: int = CLUSTER_KEYS_START) -> None:
