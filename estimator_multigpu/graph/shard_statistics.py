@@ -22,6 +22,7 @@ from estimator_multigpu.graph import tensor_kinds
 MEAN, SUM, MAX, MIN, RATIO = "mean", "sum", "max", "min", "ratio"
 _ROWS, _STATISTIC = tensor_kinds.ROWS, tensor_kinds.STATISTIC
 _KIND_OF_REDUCTION = {"Mean": MEAN, "Sum": SUM, "Max": MAX, "Min": MIN}
+_UNDECIDED = object()  # `_kind_from_examples`: read it from the statistics.
 
 
 def strip_pass_through(tensor: tf.Tensor) -> tf.Tensor:
@@ -41,6 +42,17 @@ def statistic_kind(tensor: tf.Tensor, analysis: tensor_kinds.ShardAnalysis,
   known = known or {}
   if tensor.ref() in known:
     return known[tensor.ref()]
+  kind = _kind_from_examples(tensor, analysis, known)
+  if kind is not _UNDECIDED:
+    return kind
+  return _kind_from_statistics(tensor.op, analysis, known)
+
+
+def _kind_from_examples(tensor: tf.Tensor,
+                        analysis: tensor_kinds.ShardAnalysis, known: dict):
+  """The kind of a statistic read from the shard's examples themselves (a
+  count, a ratio of sums, a mean, a histogram, a reduction of per-example
+  values), or `_UNDECIDED` for one computed from other statistics."""
   if is_count(tensor, analysis):
     return SUM
   if ratio_parts(tensor, analysis, known) is not None:
@@ -54,15 +66,25 @@ def statistic_kind(tensor: tf.Tensor, analysis: tensor_kinds.ShardAnalysis,
   if op.type in _KIND_OF_REDUCTION and status(op.inputs[0]) == _ROWS:
     return (_KIND_OF_REDUCTION[op.type]
             if whole_shard(op.inputs[0], analysis) else None)
-  statistics = [t for t in op.inputs if status(t) == _STATISTIC or
+  return _UNDECIDED
+
+
+def _kind_from_statistics(op: tf.Operation,
+                          analysis: tensor_kinds.ShardAnalysis,
+                          known: dict) -> Optional[str]:
+  """The kind of `op`'s output computed from statistics of the shard: a
+  sign change, a reduction, a signed sum or a scaling of them; else None."""
+  statistics = [t for t in op.inputs if analysis.status(t) == _STATISTIC or
                 is_count(t, analysis) or _integer_reduction(t, analysis)]
+  if not statistics:
+    return None
   kinds = [statistic_kind(t, analysis, known) for t in statistics]
-  if op.type in dataflow.SAME_VALUES_UP_TO_SIGN and statistics:
+  if op.type in dataflow.SAME_VALUES_UP_TO_SIGN:
     return {MAX: MIN, MIN: MAX}.get(kinds[0], kinds[0]) if (
         op.type == "Neg") else kinds[0]
-  if op.type in _KIND_OF_REDUCTION and statistics:  # over a statistic.
+  if op.type in _KIND_OF_REDUCTION:  # over a statistic.
     return _reduced_kind(_KIND_OF_REDUCTION[op.type], kinds[0])
-  if op.type in dataflow.SIGNED_SUMS and statistics:
+  if op.type in dataflow.SIGNED_SUMS:
     return _sum_kind(kinds, constants=len(statistics) < len(op.inputs))
   if op.type in dataflow.SCALES and len(statistics) == 1 and (
       op.type == "Mul" or statistics[0] is op.inputs[0]):
