@@ -54,7 +54,8 @@ def test_another_hosts_lock_is_waited_for_until_stale(tmp_path, monkeypatch,
                                                       caplog):
   """A chief restarted on another host: one line, then the takeover."""
   monkeypatch.setattr(model_dir_lock, "STALE_SECS", 1.5)
-  caplog.set_level(logging.INFO)
+  # absl's logger: a test before may have set its level (set_verbosity).
+  caplog.set_level(logging.INFO, logger="absl")
   write_lock(str(tmp_path), "elsewhere", 1, "cluster-abc")
   path = model_dir_lock.acquire(str(tmp_path), "cluster-abc")
   assert json.load(open(path))["pid"] == os.getpid()
