@@ -72,8 +72,10 @@ def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
   config = _session_config([d for group in groups for d in group])
   run = lambda fn, initial=None, k=1: _train(  # noqa: E731
       fn, input_fn, steps, params, config, initial, k)
-  reference = run(model_fn, k=multi_gpu_options.get("accumulate_steps", 1))
+  # Wrapping first: bad options fail before any training, and tf-slim's
+  # fixes (`slim_compat`) are in place for the one-device run too.
   wrapped = decorator.multi_gpu(model_fn, devices=devices, **multi_gpu_options)
+  reference = run(model_fn, k=multi_gpu_options.get("accumulate_steps", 1))
   towers = run(wrapped, reference.initial)
   for mode in modes:
     _read_mode(mode, (model_fn, reference), (wrapped, towers), input_fn,

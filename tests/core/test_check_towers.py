@@ -160,3 +160,21 @@ def test_eval_predict_and_summaries_are_compared():
   text = str(report)
   assert "an eval metric differs" in text and "a prediction differs" in text
   assert "summary or hooked scalar differs" in text
+
+
+def test_the_model_fn_is_wrapped_before_anything_trains(monkeypatch):
+  """Bad options fail at once, and tf-slim's fixes (which wrapping applies)
+  are in place for the one-device run as well."""
+  from estimator_multigpu import check  # pylint: disable=g-import-not-at-top
+  from estimator_multigpu import slim_compat  # pylint: disable=g-import-not-at-top
+  order = []
+  monkeypatch.setattr(slim_compat, "apply_all", lambda: order.append("fix"))
+  monkeypatch.setattr(check, "_train", lambda *a: order.append("train"))
+  with pytest.raises(ValueError, match="ema_decay"):
+    emg.check_towers(mean_fn, input_fn, devices=["/cpu:0", "/cpu:1"],
+                     ema_decay=1.5)
+  assert "train" not in order  # refused before the one-device run.
+  del order[:]
+  with pytest.raises(Exception):  # the stub trains nothing to compare.
+    emg.check_towers(mean_fn, input_fn, devices=["/cpu:0", "/cpu:1"])
+  assert order[:2] == ["fix", "train"]
