@@ -64,17 +64,28 @@ _check_all_reduce_name = _one_of(
     "then across tasks once)")
 
 
-def _check_sync_batch_norm(value) -> bool:
-  if not isinstance(value, bool):
-    raise TypeError(
-        f"`sync_batch_norm` must be True or False; got {value!r} "
-        f"({type(value).__name__}). Pass sync_batch_norm=True to "
-        "compute batch-norm moments over the global batch.")
-  return value
+def _true_or_false(name: str, example: str) -> Callable[[Any], bool]:
+  """The check of an option that is True or False (not a truthy value)."""
+  def check(value) -> bool:
+    if not isinstance(value, bool):
+      raise TypeError(
+          f"`{name}` must be True or False; got {value!r} "
+          f"({type(value).__name__}). {example}")
+    return value
+  return check
+
+
+_check_sync_batch_norm = _true_or_false(
+    "sync_batch_norm", "Pass sync_batch_norm=True to compute batch-norm "
+    "moments over the global batch.")
+_check_use_ema_weights = _true_or_false(
+    "use_ema_weights", "Pass use_ema_weights=False to evaluate and export "
+    "the trained weights rather than their moving average.")
 
 
 def _aggregation_device(value) -> Optional[str]:
-  return None if value is None else devices_lib.canonical_device(value)
+  return None if value is None else devices_lib.canonical_device(
+      value, option="aggregation_device")
 
 
 def _check_packing_bytes(value) -> Optional[int]:
@@ -133,7 +144,7 @@ class Options:
   clip_gradients_by_norm: Optional[float] = _option(
       None, _open_interval("clip_gradients_by_norm", 0.0, float("inf"),
                            "e.g. 5.0"))
-  use_ema_weights: bool = _option(True, bool)
+  use_ema_weights: bool = _option(True, _check_use_ema_weights)
   variable_update: str = _option(strategies.AUTO, _check_variable_update)
   unsplit_features: Sequence[str] = _option((), _feature_keys)
   all_reduce: Optional[str] = _option(None, _check_all_reduce_name)

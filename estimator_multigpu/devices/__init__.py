@@ -43,24 +43,27 @@ GpuIds = gpu_visibility.GpuIds
 _DEVICE_RE = re.compile(r"^/?(?:device:)?(cpu|gpu):(\d+)$", re.IGNORECASE)
 
 
-def canonical_device(spelling: str) -> str:
+def canonical_device(spelling: str, option: str = "devices") -> str:
   """Returns the canonical form (`/device:GPU:0`) of one device spelling.
 
   Args:
     spelling: `/gpu:0`, `/GPU:0`, `/device:GPU:0`, `gpu:0`, `/cpu:1`, ...
+    option: the option that gave it, named in the errors.
 
   Raises:
     TypeError: `spelling` is not a string.
     ValueError: it does not name a CPU or GPU with an index.
   """
   if not isinstance(spelling, str):
+    kind = "entries must be strings" if option == "devices" else (
+        "must be a string")
     raise TypeError(
-        f"`devices` entries must be strings like '/gpu:0'; got {spelling!r} "
-        f"of type {type(spelling).__name__}.")
+        f"`{option}` {kind} like '/gpu:0'; got {spelling!r} of type "
+        f"{type(spelling).__name__}.")
   match = _DEVICE_RE.match(spelling.strip())
   if not match:
     raise ValueError(
-        f"`devices` entry {spelling!r} is not a device this library can "
+        f"`{option}` {spelling!r} is not a device this library can "
         "place a tower on; expected '/gpu:<k>' or '/cpu:<k>' (also spelled "
         "'/GPU:<k>', '/device:GPU:<k>'). Fix the spelling, e.g. '/gpu:0'.")
   return f"/device:{match.group(1).upper()}:{int(match.group(2))}"
