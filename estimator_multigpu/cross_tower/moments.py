@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from estimator_multigpu import collectives
 from estimator_multigpu.cross_tower import context as context_lib
+from estimator_multigpu.graph import tensor_kinds
 
 tf1 = tf.compat.v1
 _ORIGINAL_FUSED_BATCH_NORM = tf1.nn.fused_batch_norm
@@ -133,6 +134,7 @@ def _float64_sums(x: tf.Tensor, axes: list, weights):
   count = _count(x, axes, weights, local_sum)
   shift = tf.stop_gradient(tf.math.divide_no_nan(local_sum, count))
   centered = x - shift
+  tensor_kinds.mark_shift_invariant(centered.op)  # Σ over towers undoes it.
   shifted_sum = tf.reduce_sum(weigh(centered), axes, keepdims=True)
   shifted_squares = tf.reduce_sum(weigh(centered) * centered, axes,
                                   keepdims=True)

@@ -31,6 +31,16 @@ import tensorflow as tf
 from estimator_multigpu.graph import dataflow
 
 NONE, ROWS, STATISTIC, GLOBAL = "none", "rows", "statistic", "global"
+# Ops whose per-example output uses a statistic of the shard only as a
+# numerical shift that what follows undoes (`cross_tower.moments` centers
+# each shard on its own mean; the sums over the towers remove it): no
+# coupling. `mark_shift_invariant` adds one.
+SHIFT_INVARIANT = "estimator_multigpu_shift_invariant_ops"
+
+
+def mark_shift_invariant(op: tf.Operation) -> None:
+  """Declares `op`'s use of a shard statistic undone downstream."""
+  tf.compat.v1.add_to_collection(SHIFT_INVARIANT, op)
 
 
 @dataclasses.dataclass
@@ -119,7 +129,8 @@ class ShardAnalysis:
     statistic whatever its shape."""
     if rows_shape and ROWS in inputs:
       statistic = op.inputs[inputs.index(STATISTIC)]
-      if statistic.dtype.is_floating:
+      if statistic.dtype.is_floating and op not in op.graph.get_collection(
+          SHIFT_INVARIANT):
         self.couplings.append(Coupling(op, statistic))
       return ROWS
     return STATISTIC if output.dtype.is_floating else NONE

@@ -12,6 +12,8 @@ more than 1e-3, so the comparison has teeth.
 Initial weights are constants (np.linspace), so both runs start equal.
 """
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -359,3 +361,22 @@ def test_gradients_from_tf_gradients_are_exact_too(towers, batch, dynamic):
                             _config(), num_towers=towers,
                             dynamic_batch=dynamic, sync_batch_norm=True)
   assert max_difference(expected, actual) < TOLERANCE
+
+
+@pytest.mark.parametrize("kind", ["slim", "tf1", "keras"])
+def test_a_metric_after_synchronized_batch_norm_is_not_warned(kind, caplog):
+  """The moments center each shard on its own mean, a shift the sums over
+  the towers undo: what follows the layer is the global batch's, so a
+  metric of it (built in TRAIN too) is not a shard statistic's."""
+  x, y = make_data(2, 7)
+  base = make_model_fn(kind, 2)
+
+  def model_fn(features, labels, mode):
+    spec = base(features, labels, mode)
+    logits = tf1.get_default_graph().get_tensor_by_name("logits/BiasAdd:0")
+    return spec._replace(eval_metric_ops={"acc": tf1.metrics.accuracy(
+        labels, tf.argmax(logits, 1))})
+
+  caplog.set_level(logging.WARNING, logger="absl")
+  _graph_op_types(model_fn, TRAIN, 2, x, y)
+  assert "eval metric 'acc'" not in caplog.text
