@@ -6,8 +6,11 @@ it is defined in), of tf-slim's `metrics` and of TF-Ranking's `metrics`
 `values`; and a Keras metric's `update_state` (through Keras's own
 `update_state_wrapper`, so every metric class built while towers are built).
 Summaries: `tf.compat.v1.summary` and TF2 `tf.summary` scalar, histogram,
-image, audio, text (and v1 `tensor_summary`). `PATCH` puts the wrapped
-functions in place while a tower is built and takes them out after.
+image, audio, text (and v1 `tensor_summary`). `tf.math.zero_fraction`
+(the canned estimators' `fraction_of_zero_values` summaries) is replaced by
+the mean of `value == 0`, without its `tf.cond`, so a summary of it reads as
+a mean over the shard's examples. `PATCH` puts the wrapped functions in
+place while a tower is built and takes them out after.
 """
 
 from __future__ import annotations
@@ -32,6 +35,16 @@ _V1_SUMMARIES = ("scalar", "histogram", "image", "audio", "text",
 _V2_SUMMARIES = ("scalar", "histogram", "image", "audio", "text")
 
 _ORIGINALS: list = []  # (module, name, original function) while installed.
+_ZERO_FRACTION_MODULES = (tf.math, tf.nn, tf1.math, tf1.nn)
+
+
+def zero_fraction(value, name=None) -> tf.Tensor:
+  """The fraction of `value`'s elements that are zero (`tf.math.zero_fraction`
+  without the `tf.cond` that hides its kind): a mean over the elements."""
+  with tf.name_scope(name or "zero_fraction"):
+    value = tf.convert_to_tensor(value, name="value")
+    zeros = tf.cast(tf.equal(value, tf.zeros([], value.dtype)), tf.float32)
+    return tf.reduce_mean(zeros, name="fraction")
 
 
 def _metric_modules() -> list:
@@ -80,6 +93,9 @@ def _install() -> None:
     original = vars(module)[name]
     _ORIGINALS.append((module, name, original))
     setattr(module, name, global_calls.wrap(original, api))
+  for module in _ZERO_FRACTION_MODULES:
+    _ORIGINALS.append((module, "zero_fraction", module.zero_fraction))
+    module.zero_fraction = zero_fraction
   metrics_utils = compat.internal("keras_metrics_utils")
   original = metrics_utils.update_state_wrapper
   _ORIGINALS.append((metrics_utils, "update_state_wrapper", original))

@@ -213,6 +213,9 @@ def summary_model_fn(features, labels, mode):
   tf1.summary.scalar("mean_of_means", 0.5 * (tf.reduce_mean(logits[:, 0]) +
                                              tf.reduce_mean(logits[:, 1])))
   tf1.summary.histogram("per_example", per_example)
+  # The canned estimators' hidden-layer summary (its tf.cond hid the kind).
+  tf1.summary.scalar("relu_zeros", tf.math.zero_fraction(tf.nn.relu(logits)))
+  tf1.summary.scalar("shifted_zeros", tf.nn.zero_fraction(logits - 0.5))
   opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
   return tf.estimator.EstimatorSpec(
       mode, loss=loss,
@@ -251,7 +254,9 @@ def test_summaries_read_the_global_batch(mode, num_towers, rows):
           "err_sum": per_example.sum(), "err_max": per_example.max(),
           "err_min": per_example.min(), "batch": len(per_example),
           "mean_of_means": LOGITS[rows][:, :2].mean(),
-          "per_example": (len(per_example), per_example.sum())}
+          "per_example": (len(per_example), per_example.sum()),
+          "relu_zeros": np.mean(LOGITS[rows] <= 0),
+          "shifted_zeros": np.mean(LOGITS[rows] == 0.5)}
   one = _summaries(None, mode, rows)
   got = _summaries(num_towers, mode, rows)
   for tag, expected in want.items():
