@@ -16,3 +16,7 @@ which tower is being built and with which group. On top of them:
 - `across_tasks`: the graph side of an all-reduce job across machines
   (its tasks, a sum over them, the chief's variables broadcast at start).
 """
+
+# The layer these tools build on, still reachable by its old path
+# (`estimator_multigpu.cross_tower.collectives`, as user code patches it).
+from estimator_multigpu import collectives  # noqa: E402,F401
