@@ -54,21 +54,9 @@ class Combiner:
   def combine(self, pieces: list, problems: list) -> Optional[tf.Tensor]:
     """The global batch's value of the statistic `pieces`, or None (and a
     problem appended: (key, text))."""
-    strip = shard_statistics.strip_pass_through
-    if any(strip(pieces[0]) is strip(t) for t in self._losses):
-      return _weighted_sum(pieces, self._weights)
-    kind = shard_statistics.statistic_kind(pieces[0], self._analysis,
-                                           self._known)
-    if kind == shard_statistics.MEAN:
-      return _weighted_sum(pieces, self._shares)
-    if kind == shard_statistics.SUM:
-      return tf.math.add_n(pieces)
-    if kind == shard_statistics.RATIO:
-      return _ratio_of_sums([strip(p).op.inputs[:2] for p in pieces])
-    if kind in (shard_statistics.MAX, shard_statistics.MIN):
-      reduce = tf.reduce_max if kind == shard_statistics.MAX else (
-          tf.reduce_min)
-      return reduce(tf.stack(pieces), axis=0)
+    combined = self._global(pieces)
+    if combined is not None:
+      return combined
     problems.append((
         "statistic",
         f"reads {pieces[0].name}, a statistic of tower 0's shard that is not "
@@ -78,6 +66,23 @@ class Combiner:
         "API then sees the global batch), or compute the statistic over the "
         "global batch with emg.cross_tower_sum / emg.global_ratio."))
     return None
+
+  def _global(self, pieces: list) -> Optional[tf.Tensor]:
+    """The global value of `pieces` (one per tower): the loss by the loss
+    weights, a statistic by its kind, a ratio as its numerator's global
+    value over its denominator's; None for one of no known kind."""
+    strip = shard_statistics.strip_pass_through
+    if any(strip(pieces[0]) is strip(t) for t in self._losses):
+      return _weighted_sum(pieces, self._weights)
+    kind = shard_statistics.statistic_kind(pieces[0], self._analysis,
+                                           self._known)
+    if kind != shard_statistics.RATIO:
+      return _by_kind(kind, pieces, self._shares)
+    parts = [self._global([strip(p).op.inputs[i] for p in pieces])
+             for i in (0, 1)]
+    if any(part is None for part in parts):
+      return None
+    return tf.math.divide_no_nan(*[tf.cast(t, tf.float32) for t in parts])
 
 
 def bind(stub, pieces: list, kind: str, combiner: Combiner,
@@ -130,18 +135,23 @@ def _concat(pieces: list) -> Any:
   return tf.concat(pieces, axis=0)
 
 
+def _by_kind(kind: Optional[str], pieces: list, shares: list):
+  """The towers' `pieces` of a mean, sum, max or min combined, else None."""
+  if kind == shard_statistics.MEAN:
+    return _weighted_sum(pieces, shares)
+  if kind == shard_statistics.SUM:
+    return tf.math.add_n(pieces)
+  if kind in (shard_statistics.MAX, shard_statistics.MIN):
+    reduce = tf.reduce_max if kind == shard_statistics.MAX else tf.reduce_min
+    return reduce(tf.stack(pieces), axis=0)
+  return None
+
+
 def _weighted_sum(pieces: list, weights: list) -> tf.Tensor:
   return tf.math.add_n([tf.math.multiply_no_nan(p, tf.cast(w, p.dtype))
                         for p, w in zip(pieces, weights)])
 
 
-def _ratio_of_sums(parts: list) -> tf.Tensor:
-  """Σᵢ numeratorᵢ / Σᵢ denominatorᵢ of the towers' (numerator,
-  denominator) pairs."""
-  numerator, denominator = (
-      tf.math.add_n([tf.cast(p[i], tf.float32) for p in parts])
-      for i in (0, 1))
-  return tf.math.divide_no_nan(numerator, denominator)
 
 
 def _loss_terms(tower0) -> list:

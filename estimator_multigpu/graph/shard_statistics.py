@@ -4,7 +4,8 @@ A readout built once from the global batch (`global_calls`) feeds each
 statistic of the shard it reads the global batch's value, which depends on
 what the statistic is (`statistic_kind`): a mean of the shard's examples
 (Σᵢ (nᵢ/n)·xᵢ), a sum or a count (Σᵢ xᵢ), a max or a min, or a ratio of
-sums (Σᵢ numeratorᵢ / Σᵢ denominatorᵢ, `ratio_parts`). `whole_shard` says
+two of them (the numerator's global value over the denominator's,
+`ratio_parts`). `whole_shard` says
 whether per-example values hold every example of the shard, each from its
 own values; `is_count` finds a count of the shard's examples. What a tensor
 is relative to the shard (per-example, statistic) is `tensor_kinds`.
@@ -34,9 +35,9 @@ def statistic_kind(tensor: tf.Tensor, analysis: tensor_kinds.ShardAnalysis,
                    known: Optional[dict] = None) -> Optional[str]:
   """How a shard statistic combines over the towers: `MEAN`, `SUM`, `MAX`,
   `MIN` of the shard's examples (a linear combination of means, a scaled
-  sum, a count of the shard's examples), `RATIO` (a sum over a sum or a
-  count: a weighted mean, `ratio_parts`), or None for any other statistic
-  (a ratio of two means, a variance): that is the one inference left when
+  sum, a count of the shard's examples), `RATIO` (a sum or mean over a
+  sum, count or mean: a weighted mean, `ratio_parts`), or None for any
+  other statistic (a variance, a sum of ratios): the one inference left when
   a readout is built once from the global batch. `known` maps tensors
   (`Tensor.ref()`) whose kind is given (the loss terms) to it."""
   known = known or {}
@@ -80,6 +81,8 @@ def _kind_from_statistics(op: tf.Operation,
     return None
   kinds = [statistic_kind(t, analysis, known) for t in statistics]
   if op.type in dataflow.SAME_VALUES_UP_TO_SIGN:
+    if kinds[0] == RATIO:  # combined from its own op's inputs only.
+      return None
     return {MAX: MIN, MIN: MAX}.get(kinds[0], kinds[0]) if (
         op.type == "Neg") else kinds[0]
   if op.type in _KIND_OF_REDUCTION:  # over a statistic.
@@ -179,14 +182,15 @@ def _mean_of_static_rows(tensor: tf.Tensor,
 
 def ratio_parts(tensor: tf.Tensor, analysis: tensor_kinds.ShardAnalysis,
                 known: Optional[dict] = None) -> Optional[tuple]:
-  """(numerator, denominator) of a sum over the shard divided by a sum or
-  count over it (Σ w·x / Σ w, Σ x / n), else None; over the towers it is
-  Σᵢ numeratorᵢ / Σᵢ denominatorᵢ."""
+  """(numerator, denominator) of a sum or mean over the shard divided by a
+  sum, count or mean over it (Σ w·x / Σ w, Σ x / n, a canned head's loss
+  over its weights), else None; over the towers it is the numerator's
+  global value over the denominator's."""
   op = strip_pass_through(tensor).op
   if op.type not in dataflow.DIVISIONS:
     return None
   parts = tuple(op.inputs[:2])
-  if all(statistic_kind(t, analysis, known) == SUM for t in parts):
+  if all(statistic_kind(t, analysis, known) in (SUM, MEAN) for t in parts):
     return parts
   return None
 
@@ -203,7 +207,7 @@ def _sum_kind(kinds: list, constants: bool) -> Optional[str]:
   """A sum of means is a mean; of sums a sum (not plus a constant, which
   each tower would add once)."""
   kind = kinds[0] if len(set(kinds)) == 1 else None
-  if kind in (MAX, MIN) or (kind == SUM and constants):
+  if kind in (MAX, MIN, RATIO) or (kind == SUM and constants):
     return None
   return kind
 

@@ -216,6 +216,12 @@ def summary_model_fn(features, labels, mode):
   # The canned estimators' hidden-layer summary (its tf.cond hid the kind).
   tf1.summary.scalar("relu_zeros", tf.math.zero_fraction(tf.nn.relu(logits)))
   tf1.summary.scalar("shifted_zeros", tf.nn.zero_fraction(logits - 0.5))
+  # Ratios of statistics: of two means; the loss over a count (canned
+  # heads' average_loss is their loss over the weights' sum).
+  tf1.summary.scalar("mean_ratio", tf.reduce_mean(logits[:, 0]) /
+                     tf.reduce_mean(tf.abs(logits[:, 1]) + 1.0))
+  tf1.summary.scalar("loss_per_row", loss / tf.reduce_sum(
+      tf.ones_like(per_example)))
   opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.0))
   return tf.estimator.EstimatorSpec(
       mode, loss=loss,
@@ -256,7 +262,10 @@ def test_summaries_read_the_global_batch(mode, num_towers, rows):
           "mean_of_means": LOGITS[rows][:, :2].mean(),
           "per_example": (len(per_example), per_example.sum()),
           "relu_zeros": np.mean(LOGITS[rows] <= 0),
-          "shifted_zeros": np.mean(LOGITS[rows] == 0.5)}
+          "shifted_zeros": np.mean(LOGITS[rows] == 0.5),
+          "mean_ratio": LOGITS[rows][:, 0].mean() / (
+              np.abs(LOGITS[rows][:, 1]) + 1).mean(),
+          "loss_per_row": per_example.mean() / len(per_example)}
   one = _summaries(None, mode, rows)
   got = _summaries(num_towers, mode, rows)
   for tag, expected in want.items():
