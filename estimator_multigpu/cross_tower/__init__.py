@@ -19,4 +19,4 @@ which tower is being built and with which group. On top of them:
 
 # The layer these tools build on, still reachable by its old path
 # (`estimator_multigpu.cross_tower.collectives`, as user code patches it).
-from estimator_multigpu import collectives  # noqa: E402,F401
+from estimator_multigpu import collectives  # noqa: F401

@@ -69,6 +69,7 @@ class ShardAnalysis:
                shard_size: Optional[int]):
     self._status = {t.ref(): ROWS for t in shard_tensors}
     self._size = shard_size
+    self._shift_invariant: set = set()  # `_undone`'s copy of the marks.
     self.couplings: list = []
 
   def status(self, tensor: tf.Tensor) -> str:
@@ -129,11 +130,18 @@ class ShardAnalysis:
     statistic whatever its shape."""
     if rows_shape and ROWS in inputs:
       statistic = op.inputs[inputs.index(STATISTIC)]
-      if statistic.dtype.is_floating and op not in op.graph.get_collection(
-          SHIFT_INVARIANT):
+      if statistic.dtype.is_floating and not self._undone(op):
         self.couplings.append(Coupling(op, statistic))
       return ROWS
     return STATISTIC if output.dtype.is_floating else NONE
+
+  def _undone(self, op: tf.Operation) -> bool:
+    """Whether `op` is marked `mark_shift_invariant` (the graph's marks are
+    read again only when some were added since)."""
+    marks = op.graph.get_collection_ref(SHIFT_INVARIANT)
+    if len(marks) != len(self._shift_invariant):
+      self._shift_invariant = set(marks)
+    return op in self._shift_invariant
 
   def _check_batch_axis(self, op: tf.Operation) -> None:
     """An op along the batch axis of per-example values (a softmax, top_k
