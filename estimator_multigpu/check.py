@@ -18,7 +18,6 @@ from the one device's initial values anyway).
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Optional
 
 from absl import logging
@@ -29,12 +28,12 @@ from estimator_multigpu import check_report
 from estimator_multigpu import compat
 from estimator_multigpu import decorator
 from estimator_multigpu import devices as devices_lib
+from estimator_multigpu.compat import op_hooks
 from estimator_multigpu.graph import calling
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import state_updates
 from estimator_multigpu.update import clipping
 
-op_callbacks = compat.internal("op_callbacks")
 function_utils = compat.internal("function_utils")
 tf1 = tf.compat.v1
 TRAIN = tf.estimator.ModeKeys.TRAIN
@@ -123,13 +122,8 @@ def _read_mode(mode: str, reference: tuple, towers: tuple, input_fn,
   towers[1].readouts.update(read(towers[0]))
 
 
-@contextlib.contextmanager
 def _fixed_random_scope():
-  op_callbacks.add_op_callback(_fixed_random)
-  try:
-    yield
-  finally:
-    op_callbacks.remove_op_callback(_fixed_random)
+  return op_hooks.installed("fixed_random", _fixed_random)
 
 
 def _session_config(devices: list) -> tf1.ConfigProto:
@@ -156,12 +150,9 @@ def _train(fn, input_fn, steps: int, params, config, initial,
   """Trains `fn` for `steps` in a fresh graph; returns what it saw. Each
   step reads `batches` batches of a Dataset, concatenated (the one-device
   reference of `accumulate_steps`)."""
-  op_callbacks.add_op_callback(_fixed_random)
-  try:
+  with _fixed_random_scope():
     return _train_fixed(fn, input_fn, steps, params, config, initial,
                         batches)
-  finally:
-    op_callbacks.remove_op_callback(_fixed_random)
 
 
 def _train_fixed(fn, input_fn, steps, params, config, initial,

@@ -37,6 +37,7 @@ from estimator_multigpu.graph import splitting
 from estimator_multigpu.graph import state_updates
 from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import towers as towers_lib
+from estimator_multigpu.graph.global_batch import scopes as global_batch
 from estimator_multigpu.strategies import all_reduce as all_reduce_lib
 from estimator_multigpu.update import accumulation
 from estimator_multigpu.update import canned
@@ -67,6 +68,7 @@ class _Graph:
   analyses: list = dataclasses.field(init=False)
   ranges: readouts.OpRanges = dataclasses.field(init=False)
   recorder: global_calls.Recorder = dataclasses.field(init=False)
+  rewrites: list = dataclasses.field(init=False)  # per tower, its rewrite.
 
   def __post_init__(self):
     self.examples = _global_examples(self.split, self.cluster, self.plan)
@@ -78,6 +80,7 @@ class _Graph:
     self.analyses = _analyses(self.split)
     self.recorder = global_calls.Recorder(self.analyses[0],
                                           self.options.loss_reduction)
+    self.rewrites = []
 
 
 def build_spec(model_fn, options: Options, features, labels, mode, params,
@@ -101,8 +104,11 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       features, labels, plan.num_towers, unsplit=options.unsplit_features,
       require_examples=mode in (ModeKeys.TRAIN, ModeKeys.EVAL))
   plan_lib.log_plan(plan, split, mode)
+  if len(plan.collective_devices) > 1:
+    split = global_batch.unknown_batch(split)
   graph = _Graph(options, mode, params, config, plan, cluster, split)
   towers = _build_towers(model_fn, graph)
+  global_batch.log_rewrites(graph.rewrites, mode)
   _combine_readouts(graph, towers)
   spec = (_train_spec(graph, towers) if mode == ModeKeys.TRAIN else
           _merged_spec(graph, towers))
@@ -139,7 +145,17 @@ def _tower_scopes(graph: _Graph, precision) -> list:
           [batch_size_param.scope_factory(graph.params, graph.split)] +
           _regularization_scopes(graph.options, graph.strategy, graph.split) +
           _cross_tower_scopes(graph.plan, graph.split, graph.mode,
-                              graph.options))
+                              graph.options) + _global_batch_scopes(graph))
+
+
+def _global_batch_scopes(graph: _Graph) -> list:
+  """With several towers, every op of a tower that couples its shard runs
+  on the global batch (`graph.global_batch`)."""
+  if len(graph.plan.collective_devices) == 1:
+    return []
+  return [global_batch.scope_factory(
+      graph.split, graph.shares, graph.options.loss_reduction,
+      graph.analyses, graph.rewrites)]
 
 
 def _combine_readouts(graph: _Graph, towers: list) -> None:

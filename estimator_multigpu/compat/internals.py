@@ -40,7 +40,17 @@ INTERNALS = {
     "op_callbacks": Internal(
         _TF + "framework.op_callbacks",
         ("add_op_callback", "remove_op_callback"),
-        "empty-shard guards; check_towers' fixed random draws"),
+        "the package's one op hook (compat.op_hooks)"),
+    "gradients_util": Internal(
+        _TF + "ops.gradients_util", ("_GradientsHelper",),
+        "op hooks leave gradient construction alone (tf.gradients)"),
+    "imperative_grad": Internal(
+        _TF + "eager.imperative_grad", ("imperative_grad",),
+        "op hooks leave gradient construction alone (GradientTape)"),
+    "tensor_util": Internal(
+        _TF + "framework.tensor_util",
+        ("constant_value", "constant_value_as_shape"),
+        "the global batch's op table reads constant arguments"),
     "function_utils": Internal(
         _TF + "util.function_utils", ("fn_args",),
         "which arguments a model_fn or input_fn accepts"),

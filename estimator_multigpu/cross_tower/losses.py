@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from estimator_multigpu import collectives
 from estimator_multigpu.cross_tower import context as context_lib
+from estimator_multigpu.graph.global_batch import state as global_batch
 from estimator_multigpu.graph.towers import NORMALIZERS
 
 tf1 = tf.compat.v1
@@ -45,13 +46,14 @@ def cross_tower_sum(x, name: Optional[str] = None) -> tf.Tensor:
   Its gradient reaches every tower's `x` with the weight of each tower's
   loss, so a loss built from the sum trains like one device's.
   """
-  with tf.name_scope(name or "cross_tower_sum"):
+  with tf.name_scope(name or "cross_tower_sum"), global_batch.package_ops():
     x = tf.convert_to_tensor(x)
     context = _context()
     if context is None:
       return tf.identity(x)
-    return collectives.all_reduce_sum(x, context.group, context.tower_index,
-                                      context.device, context.loss_weight)
+    return global_batch.mark(collectives.all_reduce_sum(
+        x, context.group, context.tower_index, context.device,
+        context.loss_weight), "uniform")
 
 
 def global_ratio(numerator: tf.Tensor, denominator: tf.Tensor,
@@ -72,7 +74,7 @@ def global_ratio(numerator: tf.Tensor, denominator: tf.Tensor,
   Returns:
     numerator / (wᵢ · Σⱼ denominatorⱼ), 0 for an empty shard (wᵢ = 0).
   """
-  with tf.name_scope(name or "global_ratio"):
+  with tf.name_scope(name or "global_ratio"), global_batch.package_ops():
     numerator = tf.convert_to_tensor(numerator)
     denominator = tf.cast(denominator, numerator.dtype)
     context = _context()
@@ -84,18 +86,19 @@ def global_ratio(numerator: tf.Tensor, denominator: tf.Tensor,
     ratio = tf.math.divide_no_nan(numerator, _share(context, numerator.dtype)
                                   * total)
     tf1.add_to_collection(NORMALIZERS, (ratio, total))
-    return ratio
+    return global_batch.mark(ratio, "share")
 
 
 def tower_share(total, name: Optional[str] = None) -> tf.Tensor:
   """This tower's share of a sum over the global batch: Σᵢ of these over the
   towers, combined by `multi_gpu`, is Σ total (`total` / wᵢ; 0 if wᵢ = 0)."""
-  with tf.name_scope(name or "tower_share"):
+  with tf.name_scope(name or "tower_share"), global_batch.package_ops():
     total = tf.convert_to_tensor(total)
     context = _context()
     if context is None:
       return tf.identity(total)
-    return tf.math.divide_no_nan(total, _share(context, total.dtype))
+    return global_batch.mark(
+        tf.math.divide_no_nan(total, _share(context, total.dtype)), "share")
 
 
 def _share(context: context_lib.TowerContext, dtype) -> tf.Tensor:
@@ -111,7 +114,8 @@ def cross_tower_concat(x, name: Optional[str] = None) -> tf.Tensor:
   negatives, gather both sides and compute the loss of the whole global
   batch in every tower (docs/losses.md has the recipe).
   """
-  with tf.name_scope(name or "cross_tower_concat"):
+  with tf.name_scope(name or "cross_tower_concat"), \
+      global_batch.package_ops():
     x = tf.convert_to_tensor(x)
     context = _context()
     if context is None:
@@ -125,7 +129,8 @@ def cross_tower_concat(x, name: Optional[str] = None) -> tf.Tensor:
     paddings = [[offset, total - offset - rows]] + [[0, 0]] * (
         x.shape.rank - 1)
     gathered = cross_tower_sum(tf.pad(x, paddings))
-    return tf.ensure_shape(gathered, [None] + x.shape.as_list()[1:])
+    return global_batch.mark(
+        tf.ensure_shape(gathered, [None] + x.shape.as_list()[1:]), "uniform")
 
 
 def _offsets(rows: tf.Tensor, context: context_lib.TowerContext) -> tuple:

@@ -30,6 +30,7 @@ import tensorflow as tf
 from estimator_multigpu import collectives
 from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.graph import tensor_kinds
+from estimator_multigpu.graph.global_batch import state as global_batch
 
 tf1 = tf.compat.v1
 _ORIGINAL_FUSED_BATCH_NORM = tf1.nn.fused_batch_norm
@@ -111,7 +112,8 @@ def global_statistics(x, axes, keepdims=False, frequency_weights=None,
         f"`cross_tower_moments` needs an input of known rank; got {x!r}. "
         "Give it a static shape (e.g. tf.ensure_shape) first.")
   axes = sorted({int(axis) % x.shape.rank for axis in axes})
-  with tf1.name_scope(name, "cross_tower_moments", [x]):
+  with tf1.name_scope(name, "cross_tower_moments", [x]), \
+      global_batch.package_ops():
     dtype = tf.float32 if x.dtype in (tf.float16, tf.bfloat16) else x.dtype
     sums, shape = _float64_sums(tf.cast(x, dtype), axes, frequency_weights)
     context = _across_towers()

@@ -31,6 +31,7 @@ from estimator_multigpu import compat
 from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.cross_tower import losses as loss_tools
 from estimator_multigpu.graph import patching
+from estimator_multigpu.graph.global_batch import state as global_batch
 
 losses_impl = compat.internal("losses_impl")
 losses_util = compat.internal("losses_util")
@@ -59,6 +60,13 @@ def _compute_weighted_loss(losses, weights=1.0, scope=None,
                            loss_collection=tf1.GraphKeys.LOSSES,
                            reduction=Reduction.SUM_BY_NONZERO_WEIGHTS):
   """`compute_weighted_loss` over the global batch (see the module doc)."""
+  with global_batch.package_ops():
+    loss = _weighted_loss(losses, weights, scope, loss_collection, reduction)
+  return loss if reduction == Reduction.NONE else global_batch.mark(
+      loss, "share")
+
+
+def _weighted_loss(losses, weights, scope, loss_collection, reduction):
   if reduction == Reduction.NONE or _tower_mean_is_exact(losses, weights,
                                                          reduction):
     with _local_means():

@@ -25,10 +25,10 @@ import threading
 import tensorflow as tf
 
 from estimator_multigpu import compat
+from estimator_multigpu.compat import op_hooks
 from estimator_multigpu.graph import dataflow
 
 func_graph = compat.internal("func_graph")
-op_callbacks = compat.internal("op_callbacks")
 _pywrap_util_port = compat.internal("util_port")
 
 
@@ -58,17 +58,15 @@ def needs_guard(tower, may_be_empty: bool) -> bool:
 def guarded_ops():
   """Builds each `dataflow.EMPTY_BATCH_UNSAFE` op created inside so it skips
   empty batches."""
-  op_callbacks.add_op_callback(_guard)
-  try:
+  with op_hooks.installed("empty_shards", _guard):
     yield
-  finally:
-    op_callbacks.remove_op_callback(_guard)
 
 
 def _guard(op_type, inputs, attrs, outputs, op_name=None, graph=None):
   """An op callback: the op again, inside `tf.cond(batch > 0, ...)`."""
   del op_name
   if (op_type not in dataflow.EMPTY_BATCH_UNSAFE or
+      outputs[0].op is not op_hooks.original_op() or  # replaced already.
       getattr(_STATE, "inside", False) or
       isinstance(graph, func_graph.FuncGraph) or not inputs or
       not outputs or  # None when the op is not built yet (Keras Conv2D).

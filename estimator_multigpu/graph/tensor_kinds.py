@@ -86,6 +86,11 @@ class ShardAnalysis:
   def is_rows(self, tensor: tf.Tensor) -> bool:
     return self.status(tensor) == ROWS
 
+  def mark(self, tensor: tf.Tensor, kind) -> None:
+    """Declares what a rewrite on the global batch returned (`kind`, a
+    `global_batch.kinds.Kind`): per-example rows, else global."""
+    self._status[tensor.ref()] = ROWS if kind.is_rows else GLOBAL
+
   def mark_global(self, tensor: tf.Tensor) -> None:
     """Declares `tensor` the global batch's (a readout's stub,
     `global_calls`)."""

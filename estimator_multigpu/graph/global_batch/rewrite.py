@@ -1,0 +1,228 @@
+"""The op hook: while a tower is built, each new op classified, and rewritten
+where it cannot stay on the shard as it is (see the package doc).
+
+`TowerRewrite` holds one tower's kinds (every tensor the tower made, by its
+kind) and builds the rewrites; `state.tower_scope` installs it around the
+tower's model_fn call. Gradient construction is not hooked (`compat.op_hooks`);
+ops inside function bodies (`tf.cond` / `tf.while_loop` branches) and ops
+the package builds for its own cross-tower tools (`package_ops`) are
+classified, never rewritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+from estimator_multigpu import compat
+from estimator_multigpu.compat import op_hooks
+from estimator_multigpu.graph.global_batch import exchange
+from estimator_multigpu.graph.global_batch import kinds as K
+from estimator_multigpu.graph.global_batch import probe
+from estimator_multigpu.graph.global_batch import table
+from estimator_multigpu.graph.global_batch.op_view import OpView
+
+tf1 = tf.compat.v1
+_CONTROL_FLOW = frozenset("If StatelessIf While StatelessWhile Case "
+                          "StatelessCase PartitionedCall "
+                          "StatefulPartitionedCall".split())
+
+
+@dataclasses.dataclass
+class Rewrite:
+  """One op computed on the global batch (or with global statistics).
+
+  Attributes:
+    op_type: the op's type.
+    name: the name of the op the model_fn built (left unused).
+    how: "global" (on the gathered batch), "local" (its statistics and sizes
+      made global) or "combined" (a reduction over the batch axis combined
+      over the towers).
+    gathered: how many per-example tensors were gathered for it.
+    statistics: how many statistics or sizes were all-reduced for it.
+  """
+  op_type: str
+  name: str
+  how: str
+  gathered: int = 0
+  statistics: int = 0
+
+
+@dataclasses.dataclass
+class Shared:
+  """What the towers of one graph share: tower 0's stateful rewrites (run
+  once per step; towers 1.. take their outputs)."""
+  stateful: list = dataclasses.field(default_factory=list)
+
+
+class TowerRewrite:
+  """One tower's classification and rewrites.
+
+  Args:
+    tower_index: the tower's position in its graph.
+    leaves: (tensor, kind) of the shard's inputs.
+    share: the tower's share of the global batch, nᵢ / n.
+    share_kind: the kind of a loss share (`MEAN` for "mean", else `SUM`).
+    shared: the graph's `Shared`.
+    mark: called with (tensor, kind) for every tensor a rewrite returns.
+  """
+
+  def __init__(self, tower_index: int, leaves: list, share: Any,
+               share_kind: K.Kind, shared: Shared,
+               mark: Optional[Callable] = None):
+    self.tower_index = tower_index
+    self.graph = tf1.get_default_graph()
+    self.kinds = {t.ref(): k for t, k in leaves}
+    self.share, self.share_kind, self.shared = share, share_kind, shared
+    self.records: list = []
+    self.suspended = 0
+    self._mark = mark or (lambda tensor, kind: None)
+    self._stateful_seen = 0
+
+  def kind_of(self, tensor: tf.Tensor) -> K.Kind:
+    kind = self.kinds.get(tensor.ref())
+    if kind is not None:
+      return kind
+    for external, internal in getattr(tensor.graph, "captures", ()):
+      if internal is tensor:
+        return self.kind_of(external)
+    return K.UNIFORM
+
+  def set_kind(self, tensor: tf.Tensor, kind: K.Kind) -> None:
+    self.kinds[tensor.ref()] = kind
+
+  def hook(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+    """The op hook (`compat.op_hooks`)."""
+    del op_type, attrs, op_name
+    op = op_hooks.original_op()
+    if op is None or not _inside(graph, self.graph):
+      return None
+    view = OpView(op, inputs, [self.kind_of(t) for t in inputs])
+    verdict = table.classify(view)
+    if isinstance(verdict, list):
+      return self._keep(outputs, verdict)
+    if self.suspended or graph is not self.graph or op.type in _CONTROL_FLOW:
+      return self._keep(outputs, _unrewritten(view, verdict))
+    return self._rewrite(view, verdict, outputs)
+
+  def _keep(self, outputs, kinds) -> None:
+    for tensor, kind in zip(outputs, kinds):
+      self.set_kind(tensor, kind)
+    return None
+
+  def _rewrite(self, view: OpView, verdict: str, outputs) -> list:
+    if verdict == K.COMBINED:
+      return self._combined(view, outputs)
+    record = Rewrite(view.type, view.op.name, verdict)
+    inputs, kinds = self._global_values(view, record)
+    if verdict == K.LOCALLY:
+      local = table.classify(OpView(view.op, inputs, kinds))
+      if isinstance(local, list):
+        self.records.append(record)
+        return self._returned(_recreate(view.op, inputs), local)
+      record.how = K.GLOBALLY
+    return self._global(view, inputs, kinds, record)
+
+  def _global_values(self, view: OpView, record: Rewrite) -> tuple:
+    """The inputs with statistics and sizes at their global values."""
+    inputs, kinds = [], []
+    for tensor, kind in zip(view.inputs, view.kinds):
+      if kind.is_statistic:
+        tensor = exchange.global_statistic(tensor, kind.name, self.share)
+      elif kind.is_shape:
+        tensor = exchange.global_shape(tensor, kind.axis)
+      record.statistics += kind.is_statistic or kind.is_shape
+      inputs.append(tensor)
+      kinds.append(K.UNIFORM if kind.is_statistic or kind.is_shape else kind)
+    return inputs, kinds
+
+  def _global(self, view: OpView, inputs, kinds, record: Rewrite) -> list:
+    """The op on the gathered rows; its per-example outputs sliced back."""
+    gathered, back = [], None
+    for tensor, kind in zip(inputs, kinds):
+      if kind.is_rows:
+        tensor, offset, rows = exchange.gather(tensor, kind.axis)
+        back = back or (offset, rows)
+        record.gathered += 1
+      gathered.append(tensor)
+    outputs = self._run_once(view.op, gathered)
+    axes = probe.aligned_axes(view.op, view.inputs, view.kinds)
+    results, out_kinds = [], []
+    for output, axis in zip(outputs, axes):
+      if axis is not None and back is not None:
+        output = exchange.rows_back(output, axis, *back)
+      results.append(output)
+      out_kinds.append(K.UNIFORM if axis is None or back is None
+                       else K.rows(axis))
+    self.records.append(record)
+    return self._returned(results, out_kinds)
+
+  def _run_once(self, op: tf.Operation, inputs: list) -> list:
+    """A stateful op (a `tf.py_func`) runs in tower 0 only: the others take
+    its outputs, after their own gathers (whose collectives must run)."""
+    if not op.op_def.is_stateful:
+      return _recreate(op, inputs)
+    position = self._stateful_seen
+    self._stateful_seen += 1
+    if self.tower_index == 0:
+      outputs = _recreate(op, inputs)
+      self.shared.stateful.append(outputs)
+      return outputs
+    with tf.control_dependencies(inputs):
+      return [tf.identity(t) for t in self.shared.stateful[position]]
+
+  def _combined(self, view: OpView, outputs) -> list:
+    record = Rewrite(view.type, view.op.name, K.COMBINED, statistics=1)
+    self.records.append(record)
+    if view.type == "Mean":
+      result = _mean_by_counts(view.inputs[0], outputs[0])
+    else:
+      result = exchange.combined(outputs[0], view.type)
+    return self._returned([result], [K.UNIFORM])
+
+  def _returned(self, outputs: list, kinds: list) -> list:
+    for tensor, kind in zip(outputs, kinds):
+      self.set_kind(tensor, kind)
+      self._mark(tensor, kind)
+    return outputs
+
+
+def _mean_by_counts(values: tf.Tensor, mean: tf.Tensor) -> tf.Tensor:
+  """The global mean of a mean over rows counted by their values."""
+  count = tf.cast(tf.size(values), mean.dtype) / tf.cast(
+      tf.maximum(tf.size(mean), 1), mean.dtype)
+  total = exchange.global_statistic(tf.math.multiply_no_nan(mean, count),
+                                    "sum", None)
+  return tf.math.divide_no_nan(
+      total, exchange.global_statistic(count, "sum", None))
+
+
+def _unrewritten(view: OpView, verdict: str) -> list:
+  """The kinds of an op left as it is where it would be rewritten."""
+  if verdict == K.LOCALLY:
+    kinds = [K.UNIFORM if k.is_statistic or k.is_shape else k
+             for k in view.kinds]
+    local = table.classify(OpView(view.op, view.inputs, kinds))
+    if isinstance(local, list):
+      return local
+  if verdict == K.COMBINED:
+    return [K.UNIFORM] * view.num_outputs
+  return [K.LOCAL] * view.num_outputs
+
+
+def _recreate(op: tf.Operation, inputs: list) -> list:
+  graph = tf1.get_default_graph()
+  created = compat.private(graph, "_create_op_internal")(
+      op.type, list(inputs), dtypes=[o.dtype for o in op.outputs],
+      attrs=dict(op.node_def.attr))
+  return list(created.outputs)
+
+
+def _inside(graph, tower_graph) -> bool:
+  while graph is not None:
+    if graph is tower_graph:
+      return True
+    graph = getattr(graph, "outer_graph", None)
+  return False

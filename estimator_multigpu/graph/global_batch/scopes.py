@@ -1,0 +1,109 @@
+"""The towers' scope of the global batch's rewrite, and what it rewrote."""
+
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import contextlib
+from typing import Optional
+
+from absl import logging
+import tensorflow as tf
+
+from estimator_multigpu.graph.global_batch import kinds
+from estimator_multigpu.graph.global_batch import state
+from estimator_multigpu.graph.global_batch.rewrite import Shared
+from estimator_multigpu.graph.global_batch.rewrite import TowerRewrite
+
+tf1 = tf.compat.v1
+REWRITES = "estimator_multigpu_global_batch_rewrites"
+
+
+
+def shard_kinds(shard) -> list:
+  """(tensor, kind) of a shard's inputs: dense tensors per example along
+  axis 0, SparseTensor components rows counted by their values."""
+  pairs = []
+  for leaf in tf.nest.flatten(shard):
+    if isinstance(leaf, tf.SparseTensor):
+      pairs += [(leaf.indices, kinds.LOCAL), (leaf.values, kinds.LOCAL),
+                (leaf.dense_shape, kinds.shape_of(0))]
+    elif isinstance(leaf, tf.Tensor) and leaf.shape.rank != 0:
+      pairs.append((leaf, kinds.rows(0)))
+  return pairs
+
+
+def scope_factory(split, shares: list, loss_reduction: str,
+                  analyses: Optional[list] = None, towers_out: list = None):
+  """The `towers.build_towers` scope: each tower built through its
+  `TowerRewrite` (`towers_out` collects them, in tower order)."""
+  shared = Shared()
+  share_kind = kinds.MEAN if loss_reduction == "mean" else kinds.SUM
+
+  @contextlib.contextmanager
+  def scope(tower):
+    analysis = analyses[tower.index] if analyses else None
+    rewrite = TowerRewrite(
+        tower.index, shard_kinds(split.shards[tower.index]),
+        shares[tower.index], share_kind, shared,
+        mark=(analysis.mark if analysis is not None else None))
+    with state.tower_scope(rewrite):
+      yield
+    if towers_out is not None:
+      towers_out.append(rewrite)
+  return scope
+
+
+def log_rewrites(rewrites_of_towers: list, mode: str) -> None:
+  """One INFO line: what tower 0 runs on the global batch; the list kept in
+  the graph (`rewrites`)."""
+  if not rewrites_of_towers:
+    return
+  records = rewrites_of_towers[0].records
+  for record in records:
+    tf1.add_to_collection(REWRITES, record)
+  if not records:
+    return
+  by_type = collections.Counter(r.op_type for r in records)
+  gathered = sum(r.gathered for r in records)
+  statistics = sum(r.statistics for r in records)
+  logging.info(
+      "multi_gpu (%s): %d op(s) of the model_fn run on the global batch (%s); "
+      "per tower %d per-example tensor(s) gathered, %d statistic(s) "
+      "all-reduced. emg.global_batch_ops() lists them.", mode, len(records),
+      ", ".join(f"{n} {t}" for t, n in by_type.most_common()), gathered,
+      statistics)
+
+
+def rewrites(graph: Optional[tf.Graph] = None) -> list:
+  """What tower 0 of `graph` (default: the default graph) runs on the
+  global batch: one `Rewrite` per op, in build order."""
+  graph = graph or tf1.get_default_graph()
+  return list(graph.get_collection(REWRITES))
+
+
+def tower_records(built: list) -> list:
+  """Every tower's records (tests: the towers decided alike)."""
+  return [[(r.op_type, r.how, r.gathered, r.statistics) for r in t.records]
+          for t in built]
+
+
+
+
+def unknown_batch(split):
+  """`split` with every dense leaf's batch size unknown to the graph.
+
+  A shard's static size would fold into constants (`tf.shape(x)`,
+  `tf.ones_like(x)`, `tf.eye(n)` of a fully known shape are constants), so
+  the table could not tell them from the shard's; and towers of different
+  sizes would build different graphs. With the size unknown, every tower
+  builds the same ops, as one device does on a batch of unknown size.
+  """
+  def hide(leaf):
+    if (isinstance(leaf, tf.Tensor) and leaf.shape.rank and
+        leaf.shape[0] is not None):
+      return tf1.placeholder_with_default(leaf, [None] + leaf.shape[1:])
+    return leaf
+  shards = [tf.nest.map_structure(hide, shard) for shard in split.shards]
+  return dataclasses.replace(split, shards=shards)

@@ -1,0 +1,64 @@
+"""Which tower's rewrite is active in this thread, and what package code
+declares about the tensors it builds (no TensorFlow ops of its own)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import tensorflow as tf
+
+from estimator_multigpu.compat import op_hooks
+from estimator_multigpu.graph.global_batch import kinds as K
+
+_STATE = threading.local()
+
+
+def current():
+  """The `rewrite.TowerRewrite` of the tower this thread builds, or None."""
+  stack = getattr(_STATE, "stack", [])
+  return stack[-1] if stack else None
+
+
+def _hook(*args, **kwargs):
+  rewrite = current()
+  return None if rewrite is None else rewrite.hook(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def tower_scope(rewrite):
+  """Inside, ops built in this thread go through `rewrite`."""
+  _STATE.stack = getattr(_STATE, "stack", []) + [rewrite]
+  try:
+    with op_hooks.installed("global_batch", _hook):
+      yield rewrite
+  finally:
+    _STATE.stack = _STATE.stack[:-1]
+
+
+@contextlib.contextmanager
+def package_ops():
+  """Inside, ops are classified, not rewritten: the package's own
+  cross-tower tools build them."""
+  rewrite = current()
+  if rewrite is None:
+    yield
+    return
+  rewrite.suspended += 1
+  try:
+    yield
+  finally:
+    rewrite.suspended -= 1
+
+
+def mark(tensor: tf.Tensor, kind_name: str) -> tf.Tensor:
+  """Declares what a package tool returned: "uniform" (the same in every
+  tower) or "share" (the tower's share of a global value, combined with
+  the towers' loss weights)."""
+  rewrite = current()
+  if rewrite is not None:
+    rewrite.set_kind(tensor, rewrite.share_kind if kind_name == "share"
+                     else K.UNIFORM)
+  return tensor
+
+

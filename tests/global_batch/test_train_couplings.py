@@ -1,0 +1,26 @@
+"""Raw-op couplings of the batch in TRAIN: one device's variables on 2 and 3
+towers, uneven batches and a batch smaller than the towers (contract 24)."""
+
+import pytest
+
+import estimator_multigpu as emg
+from tests import harness
+from tests.global_batch import cases
+
+STEPS = 2
+
+
+@pytest.mark.parametrize("name", sorted(cases.TRAIN_LOSSES))
+@pytest.mark.parametrize("towers,batch", [(2, 7), (3, 7), (3, 2)])
+def test_one_device_variables(name, towers, batch, session_config):
+  loss_of = cases.TRAIN_LOSSES[name]
+  if batch < 3 and name in ("sort_top_k",):
+    pytest.skip("top_k of 2 needs 2 examples")
+  features, labels = cases.data(batch)
+  want, want_loss = harness.train(cases.train_model_fn(loss_of), features,
+                                  labels, STEPS, session_config)
+  got, got_loss = harness.train(
+      cases.train_model_fn(loss_of, emg.TowerOptimizer), features, labels,
+      STEPS, session_config, num_towers=towers)
+  assert abs(got_loss - want_loss) < 1e-5, (got_loss, want_loss)
+  harness.assert_same_variables(got, want)
