@@ -124,7 +124,7 @@ def cross_tower_concat(x, name: Optional[str] = None) -> tf.Tensor:
       raise ValueError(
           f"`cross_tower_concat` joins tensors along axis 0; got {x!r} of "
           "unknown rank or a scalar. Pass a tensor with a batch axis.")
-    offset, total = _offsets(tf.shape(x)[0], context)
+    offset, total = row_offsets(tf.shape(x)[0], context)
     rows = tf.shape(x)[0]
     paddings = [[offset, total - offset - rows]] + [[0, 0]] * (
         x.shape.rank - 1)
@@ -133,7 +133,7 @@ def cross_tower_concat(x, name: Optional[str] = None) -> tf.Tensor:
         tf.ensure_shape(gathered, [None] + x.shape.as_list()[1:]), "uniform")
 
 
-def _offsets(rows: tf.Tensor, context: context_lib.TowerContext) -> tuple:
+def row_offsets(rows: tf.Tensor, context: context_lib.TowerContext) -> tuple:
   """(this tower's first row, the total rows) of the concatenation."""
   one_hot = tf.one_hot(context.tower_index, context.group.num_towers,
                        dtype=tf.float64) * tf.cast(rows, tf.float64)

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from estimator_multigpu.graph import metrics as metrics_lib
 from estimator_multigpu.graph import prediction_padding
+from estimator_multigpu.graph.global_batch import scopes as global_batch
 
 tf1 = tf.compat.v1
 ModeKeys = tf.estimator.ModeKeys
@@ -97,7 +98,7 @@ def _check_same_keys(per_tower: list, name: str) -> None:
 
 
 def _concat(pieces: list, name: str = "predictions", pad_value: Any = None):
-  if len(pieces) == 1:
+  if len(pieces) == 1 or global_batch.is_global(pieces[0]):
     return pieces[0]
   if isinstance(pieces[0], tf.SparseTensor):
     return tf.sparse.concat(axis=0, sp_inputs=pieces)

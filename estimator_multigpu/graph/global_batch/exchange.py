@@ -37,7 +37,7 @@ def gather(x: tf.Tensor, axis: int) -> tuple:
     perm = [axis] + [i for i in range(x.shape.rank) if i != axis]
     x = tf.transpose(x, perm)
   rows = tf.shape(x)[0]
-  offset, _ = losses._offsets(rows, _context())  # pylint: disable=protected-access
+  offset, _ = losses.row_offsets(rows, _context())
   joined = _concat(x)
   if axis:
     inverse = [perm.index(i) for i in range(len(perm))]

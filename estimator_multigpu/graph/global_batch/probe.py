@@ -37,7 +37,7 @@ def _axis_of(shape: tf.TensorShape) -> Optional[int]:
   if shape.rank is None:
     return None
   dims = shape.as_list()
-  return dims.index(PROBE_ROWS) if dims.count(PROBE_ROWS) == 1 else None
+  return dims.index(PROBE_ROWS) if PROBE_ROWS in dims else None
 
 
 def _stand_in(tensor: tf.Tensor, kind) -> tf.Tensor:

@@ -53,8 +53,21 @@ class Rewrite:
 @dataclasses.dataclass
 class Shared:
   """What the towers of one graph share: tower 0's stateful rewrites (run
-  once per step; towers 1.. take their outputs)."""
+  once per step; towers 1.. take their outputs) and, per rewrite, the op of
+  tower 0 that reads what the towers exchanged: it waits for every tower's
+  exchange, so a value read from tower 0 alone (a metric of a global
+  value) never leaves a peer's collective unrun (a hang)."""
   stateful: list = dataclasses.field(default_factory=list)
+  anchors: list = dataclasses.field(default_factory=list)
+
+  def join(self, tower_index: int, position: int, anchor: tf.Operation,
+           exchanged: list) -> None:
+    """Tower 0 records its `anchor`; the others make it wait for theirs."""
+    if tower_index == 0:
+      self.anchors.append(anchor)
+    elif exchanged and position < len(self.anchors):
+      compat.private(self.anchors[position], "_add_control_inputs")(
+          [t.op for t in exchanged])
 
 
 class TowerRewrite:
@@ -80,6 +93,7 @@ class TowerRewrite:
     self.suspended = 0
     self._mark = mark or (lambda tensor, kind: None)
     self._stateful_seen = 0
+    self._exchanged: list = []
 
   def kind_of(self, tensor: tf.Tensor) -> K.Kind:
     kind = self.kinds.get(tensor.ref())
@@ -131,8 +145,10 @@ class TowerRewrite:
     for tensor, kind in zip(view.inputs, view.kinds):
       if kind.is_statistic:
         tensor = exchange.global_statistic(tensor, kind.name, self.share)
+        self._exchanged.append(tensor)
       elif kind.is_shape:
         tensor = exchange.global_shape(tensor, kind.axis)
+        self._exchanged.append(tensor)
       record.statistics += kind.is_statistic or kind.is_shape
       inputs.append(tensor)
       kinds.append(K.UNIFORM if kind.is_statistic or kind.is_shape else kind)
@@ -144,6 +160,7 @@ class TowerRewrite:
     for tensor, kind in zip(inputs, kinds):
       if kind.is_rows:
         tensor, offset, rows = exchange.gather(tensor, kind.axis)
+        self._exchanged.append(tensor)
         back = back or (offset, rows)
         record.gathered += 1
       gathered.append(tensor)
@@ -180,9 +197,13 @@ class TowerRewrite:
       result = _mean_by_counts(view.inputs[0], outputs[0])
     else:
       result = exchange.combined(outputs[0], view.type)
+    self._exchanged.append(result)
     return self._returned([result], [K.UNIFORM])
 
   def _returned(self, outputs: list, kinds: list) -> list:
+    self.shared.join(self.tower_index, len(self.records) - 1, outputs[0].op,
+                     self._exchanged)
+    self._exchanged = []
     for tensor, kind in zip(outputs, kinds):
       self.set_kind(tensor, kind)
       self._mark(tensor, kind)

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import contextlib
+import dataclasses
 from typing import Optional
+import weakref
 
 from absl import logging
 import tensorflow as tf
@@ -17,7 +18,9 @@ from estimator_multigpu.graph.global_batch.rewrite import Shared
 from estimator_multigpu.graph.global_batch.rewrite import TowerRewrite
 
 tf1 = tf.compat.v1
-REWRITES = "estimator_multigpu_global_batch_rewrites"
+# graph -> tower 0's `TowerRewrite` of each model built in it (not a graph
+# collection: a saver would try to serialize it).
+_BY_GRAPH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 
@@ -61,8 +64,8 @@ def log_rewrites(rewrites_of_towers: list, mode: str) -> None:
   if not rewrites_of_towers:
     return
   records = rewrites_of_towers[0].records
-  for record in records:
-    tf1.add_to_collection(REWRITES, record)
+  _BY_GRAPH.setdefault(tf1.get_default_graph(), []).append(
+      rewrites_of_towers[0])
   if not records:
     return
   by_type = collections.Counter(r.op_type for r in records)
@@ -80,7 +83,17 @@ def rewrites(graph: Optional[tf.Graph] = None) -> list:
   """What tower 0 of `graph` (default: the default graph) runs on the
   global batch: one `Rewrite` per op, in build order."""
   graph = graph or tf1.get_default_graph()
-  return list(graph.get_collection(REWRITES))
+  return [r for tower0 in _BY_GRAPH.get(graph, []) for r in tower0.records]
+
+
+def is_global(tensor) -> bool:
+  """Whether tower 0's `tensor` is the global batch's (made so by a
+  rewrite, or computed from such values only): the same in every tower,
+  so one copy of it, not the towers' concatenation, is one device's."""
+  if not isinstance(tensor, tf.Tensor):
+    return False
+  return any(tower0.kinds.get(tensor.ref()) == kinds.UNIFORM and
+             tower0.records for tower0 in _BY_GRAPH.get(tensor.graph, []))
 
 
 def tower_records(built: list) -> list:
