@@ -56,6 +56,7 @@ _PUBLIC = {
     "train_and_evaluate": "cluster.all_reduce.training",
     "VARIABLE_UPDATES": "strategies",
     "averaged_variables": "graph.ema",
+    "global_batch_ops": "graph.global_batch.scopes",
 }
 _PUBLIC_MODULES = ("devices", "cluster", "runtime", "slim_compat")
 

@@ -40,6 +40,7 @@ from estimator_multigpu.graph import shard_statistics
 from estimator_multigpu.graph import sharing
 from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import warn_once
+from estimator_multigpu.graph.global_batch import state as global_batch
 
 tf1 = tf.compat.v1
 
@@ -118,11 +119,13 @@ class Recorder:
 
   @contextlib.contextmanager
   def _recording(self):
-    """Adds the ops made inside to `built_ops`."""
+    """Adds the ops made inside to `built_ops` (built once from the global
+    batch: not rewritten, `graph.global_batch`)."""
     graph = tf1.get_default_graph()
     start = len(graph.get_operations())
     try:
-      yield
+      with global_batch.package_ops():
+        yield
     finally:
       self.built_ops.update(graph.get_operations()[start:])
 

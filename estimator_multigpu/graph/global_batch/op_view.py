@@ -40,7 +40,7 @@ class OpView:
     """Input `index`'s value when it is known while the graph is built."""
     if index >= len(self.inputs):
       return None
-    return tensor_util.constant_value(self.inputs[index])
+    return static_value(self.inputs[index])
 
   def rank(self, index: int) -> Optional[int]:
     return self.inputs[index].shape.rank
@@ -74,3 +74,47 @@ class OpView:
     if shape.rank is None or not shape[start:].is_fully_defined():
       return None
     return shape.as_list()[start:]
+
+
+_ARITHMETIC = {"Sub": np.subtract, "AddV2": np.add, "Add": np.add,
+               "Mul": np.multiply, "Maximum": np.maximum,
+               "Minimum": np.minimum}
+
+
+def static_value(tensor, depth: int = 4) -> Optional[np.ndarray]:
+  """`tensor`'s value if the graph fixes it: a constant, or a little
+  arithmetic of constants (`rank(x) - 1` as an axis)."""
+  value = tensor_util.constant_value(tensor)
+  if value is not None or depth == 0:
+    return value
+  op = tensor.op
+  if op.type == "Pack":
+    values = [static_value(t, depth - 1) for t in op.inputs]
+    if any(v is None for v in values):
+      return None
+    return np.stack(values, axis=op.get_attr("axis"))
+  if op.type == "Neg":
+    inner = static_value(op.inputs[0], depth - 1)
+    return None if inner is None else np.negative(inner)
+  if op.type not in _ARITHMETIC:
+    return None
+  values = [static_value(t, depth - 1) for t in op.inputs]
+  if any(v is None for v in values):
+    return None
+  return _ARITHMETIC[op.type](*values).astype(tensor.dtype.as_numpy_dtype)
+
+
+def leads_with_minus_one(tensor) -> bool:
+  """Whether a shape argument is [-1, ...] (a `Pack` or a join)."""
+  op = tensor.op
+  first = None
+  if op.type == "Pack" and op.inputs:
+    first = static_value(op.inputs[0])
+  elif op.type == "ConcatV2" and len(op.inputs) > 1:
+    head = static_value(op.inputs[0])
+    first = head[:1] if head is not None and np.size(head) else None
+  else:
+    value = static_value(tensor)
+    first = value[:1] if value is not None and np.size(value) else None
+  return first is not None and int(np.ravel(first)[0]) == -1
+

@@ -74,16 +74,33 @@ def log_rewrites(rewrites_of_towers: list, mode: str) -> None:
   logging.info(
       "multi_gpu (%s): %d op(s) of the model_fn run on the global batch (%s); "
       "per tower %d per-example tensor(s) gathered, %d statistic(s) "
-      "all-reduced. emg.global_batch_ops() lists them.", mode, len(records),
+      "all-reduced. emg.global_batch_ops(graph) lists them.", mode, len(records),
       ", ".join(f"{n} {t}" for t, n in by_type.most_common()), gathered,
       statistics)
 
 
-def rewrites(graph: Optional[tf.Graph] = None) -> list:
-  """What tower 0 of `graph` (default: the default graph) runs on the
-  global batch: one `Rewrite` per op, in build order."""
+def global_batch_ops(graph: Optional[tf.Graph] = None) -> list:
+  """What `multi_gpu` runs on the global batch in `graph`.
+
+  Each model_fn op that couples the examples of a batch (contract item 24)
+  is computed on the global batch; this lists them, as tower 0 built them.
+
+  Args:
+    graph: a graph a `multi_gpu` model_fn was built in (default: the
+      default graph).
+
+  Returns:
+    One `Rewrite` per op, in build order: its `op_type`, the `name` of the
+    op the model_fn built, `how` ("global": on the gathered batch; "local":
+    its statistics and sizes made global; "combined": a reduction over the
+    batch axis combined over the towers), and how many per-example tensors
+    were `gathered` and `statistics` all-reduced for it.
+  """
   graph = graph or tf1.get_default_graph()
   return [r for tower0 in _BY_GRAPH.get(graph, []) for r in tower0.records]
+
+
+rewrites = global_batch_ops
 
 
 def is_global(tensor) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from estimator_multigpu.graph.global_batch import kinds as K
+from estimator_multigpu.graph.global_batch.op_view import leads_with_minus_one
 from estimator_multigpu.graph.global_batch.op_view import OpView
 
 _BIG = 1 << 30
@@ -133,6 +134,11 @@ def reshape(view: OpView):
   if not kind.is_rows or not (target.is_uniform or target.is_shape):
     return K.LOCALLY if target.is_statistic or (
         target.is_shape and kind.is_uniform) else K.GLOBALLY
+  if target.is_shape and target.axis == kind.axis == 0:
+    return [K.LOCAL if target.ragged else kind]  # c·n rows of c·n.
+  if kind.axis == 0 and target.is_uniform and leads_with_minus_one(
+      view.inputs[1]):
+    return [kind]  # [-1, ...]: the examples' rows stay together.
   before = view.inputs[0].shape[:kind.axis]
   inner_in = view.static_dims(0, kind.axis + 1)
   inner_out = view.out_static_dims(kind.axis + 1)
@@ -296,6 +302,8 @@ def gather(view: OpView):
   another axis of the rows, batched gathers, and rows picked by a
   `tf.where` of the shard (`tf.boolean_mask`)."""
   params, indices = view.kinds[:2]
+  if params.is_shape and indices.is_uniform:
+    return _entries_of_shape(params, view.const(1))
   if view.type == "ResourceGather":
     params = K.UNIFORM
   batch_dims = view.attr("batch_dims", 0)
@@ -316,6 +324,20 @@ def gather(view: OpView):
   if params == indices == K.rows(0) and batch_dims:
     return [K.rows(0)]
   return K.GLOBALLY
+
+
+def _entries_of_shape(kind, picked):
+  """Entries `picked` of a shape vector: the shard's size where they take
+  its batch entry."""
+  if picked is None:
+    return K.LOCALLY
+  picked = np.asarray(picked)
+  if picked.ndim == 0:
+    return [K.SUM if int(picked) == kind.axis else K.UNIFORM]
+  hits = [i for i, p in enumerate(picked.tolist()) if p == kind.axis]
+  if len(hits) > 1:
+    return K.LOCALLY
+  return [K.shape_of(hits[0], kind.ragged) if hits else K.UNIFORM]
 
 
 def gather_nd(view: OpView):

@@ -90,6 +90,9 @@ def elementwise(view: OpView) -> Verdict:
     shapes = view.of("shape")
     if view.type in ("Identity", "Cast", "StopGradient") and shapes == [0]:
       return [view.kinds[0]]
+    if view.type in ("Equal", "NotEqual") and len(
+        {view.kinds[i] for i in shapes}) == 1 and len(shapes) == 2:
+      return [K.UNIFORM]  # two shapes of the shard's rows, compared.
     return K.LOCALLY
   return _statistics(view)
 
@@ -133,7 +136,8 @@ def _statistics(view: OpView) -> Verdict:
     return [stat]
   if view.type in _SCALES and count == 1:
     return [stat]
-  if view.type in _DIVIDES and view.kinds[0] == stat and count == 1:
+  if view.type in _DIVIDES and view.kinds[0] == stat and count == 1 and (
+      view.inputs[0].dtype.is_floating):
     return [stat]
   return K.LOCALLY
 
