@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
+
 from tests import harness
 from tests.global_batch import cases
 

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
+
 from nets import nets_factory
 from tests import bert_like
 from tests import harness

@@ -4,6 +4,7 @@ towers, uneven batches and a batch smaller than the towers (contract 24)."""
 import pytest
 
 import estimator_multigpu as emg
+
 from tests import harness
 from tests.global_batch import cases
 

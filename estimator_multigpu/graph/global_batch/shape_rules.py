@@ -187,6 +187,7 @@ def concat(view: OpView):
     return K.GLOBALLY
   if all(k.is_rows for k in values) and len(set(values)) == 1:
     return K.GLOBALLY if values[0].axis == axes[0] else [values[0]]
+  values = [_as_shape(view.inputs[i], k) for i, k in enumerate(values)]
   shapes = [i for i, k in enumerate(values) if k.is_shape]
   if rank == 1 and len(shapes) == 1 and all(
       k.is_uniform or k.is_shape for k in values):
@@ -199,6 +200,14 @@ def concat(view: OpView):
   stats = set(values)
   return [values[0]] if len(stats) == 1 and values[0].is_statistic else (
       K.LOCALLY)
+
+
+def _as_shape(tensor, kind):
+  """A one-entry integer count vector (`[batch_size]`) is a shape entry."""
+  if (kind == K.SUM and tensor.dtype.is_integer and
+      tensor.shape.as_list() == [1]):
+    return K.shape_of(0)
+  return kind
 
 
 def unpack(view: OpView):
@@ -239,6 +248,9 @@ def transpose(view: OpView):
 
 def expand_dims(view: OpView):
   kind = view.kinds[0]
+  if kind == K.SUM and view.inputs[0].dtype.is_integer and (
+      view.rank(0) == 0):
+    return [K.shape_of(0)]  # [batch_size]
   if kind.is_statistic:
     return [kind]
   rank = view.out_rank()
@@ -357,6 +369,14 @@ def where(view: OpView):
   from estimator_multigpu.graph.global_batch import table  # noqa: PLC0415
   return table.elementwise(view)
 
+
+def tensor_list(view: OpView):
+  """TensorList and TensorArray ops of the shard (`tf.while_loop`,
+  `dynamic_rnn`, `tf.map_fn`): kept per shard, as written."""
+  return [K.LOCAL] * view.num_outputs
+
+
+LIST_PREFIXES = ("TensorList", "TensorArray")
 
 RULES = {
     "Shape": shape, "ShapeN": shape, "Size": shape, "Rank": shape,

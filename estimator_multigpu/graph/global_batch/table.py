@@ -69,6 +69,8 @@ def classify(view: OpView) -> Verdict:
     return list(view.kinds)
   if any(k.is_local for k in view.kinds):
     return shape_rules.local(view)
+  if view.type.startswith(shape_rules.LIST_PREFIXES):
+    return shape_rules.tensor_list(view)
   rule = _RULES.get(view.type) or shape_rules.RULES.get(view.type)
   if rule is None:
     return K.GLOBALLY
