@@ -1,0 +1,154 @@
+"""Strays beside a healthy all-reduce job, and a TF_CONFIG left over.
+
+Real train.py processes on loopback (127.0.0.1), each task given its
+cluster by TF_CONFIG: one healthy job (chief + worker) keeps training while,
+in turn, a stray task (a worker or a chief of another job whose TF_CONFIG
+names this job's chief, or worker; a worker with this job's token but
+other settings) starts, is refused in one line and ends; after each the
+job's step keeps growing for twice the peer timeout. Then a chief whose
+TF_CONFIG names a worker that never starts (a TF_CONFIG left in the shell)
+ends, naming TF_CONFIG and how to train alone, and leaves no lock. Every
+wait is bounded and every process is killed in a `finally`; no test
+asserts on time.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_all_reduce_faults import error_lines
+from test_distributed import ENV
+from test_distributed import last_step_logged
+from test_distributed import ROOT
+from test_distributed import wait_until
+
+from estimator_multigpu.cluster import launch
+
+pytestmark = pytest.mark.slow
+TIMEOUT_SECS = 5  # every task's --peer_timeout_secs.
+# Steps of a batch of 1024 (the whole digits split): the steps of a batch
+# of 64 run so fast that TensorFlow's collectives exhaust a process's
+# threads within a minute or two (two threads are left per step).
+FLAGS = ["--model_name=mlp", "--virtual_cpus=1", "--batch_size=1024",
+         "--log_every_n_steps=20", "--variable_update=replicated",
+         "--save_summary_steps=100000", "--save_checkpoints_steps=100000",
+         "--max_steps=100000", f"--peer_timeout_secs={TIMEOUT_SECS}"]
+_ABSL_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] ")
+
+
+class Tasks:
+  """train.py tasks, each with its own TF_CONFIG, token and log."""
+
+  def __init__(self, tmp_path):
+    self.dir, self.processes = tmp_path, {}
+
+  def start(self, name, cluster, task_type, token, *flags, job=None):
+    """Task `name` of job `job` (its model dir; default: its own)."""
+    tf_config = json.dumps({"cluster": cluster,
+                            "task": {"type": task_type, "index": 0}})
+    env = {**ENV, "TF_CONFIG": tf_config, "EMG_JOB_TOKEN": token}
+    with open(self.dir / f"{name}.log", "w") as log:
+      self.processes[name] = subprocess.Popen(
+          [sys.executable, os.path.join(ROOT, "train.py"), *FLAGS,
+           f"--model_dir={self.dir / (job or name)}", *flags], stdout=log,
+          stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+    return self.processes[name]
+
+  def log(self, name):
+    return (self.dir / f"{name}.log").read_text()
+
+  def steps(self):
+    return last_step_logged(self.log("chief"))
+
+  def stop(self):
+    for process in self.processes.values():
+      if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+def trains_on(tasks, after):
+  """The healthy job, alive, steps past step `after` at one and at two
+  peer timeouts from now (a broken board ends it within one)."""
+  for _ in range(2):
+    time.sleep(TIMEOUT_SECS)
+    alive = {name: tasks.processes[name].poll() for name in ("chief",
+                                                             "worker")}
+    assert alive == {"chief": None, "worker": None}, (
+        alive, tasks.log("chief")[-2000:], tasks.log("worker")[-2000:])
+    step = tasks.steps()
+    assert step > after, (step, after)
+    after = step
+  return after
+
+
+def one_error(log):
+  errors = error_lines(log)
+  assert len(errors) == 1, log[-3000:]
+  return errors[0]
+
+
+def test_strays_of_every_kind_are_refused_and_the_job_trains_on(tmp_path):
+  chief, worker, stray = [f"127.0.0.1:{port}"
+                          for port in launch.free_ports(3)]
+  job = {"chief": [chief], "worker": [worker]}
+  tasks = Tasks(tmp_path)
+  strays = [  # (name, its cluster, its task, its token, its flags)
+      ("stray_worker", {"chief": [chief], "worker": [stray]}, "worker", "b"),
+      ("same_token", {"chief": [chief], "worker": [stray]}, "worker", "a",
+       "--learning_rate=0.5"),
+      ("stray_chief", {"chief": [stray], "worker": [worker]}, "chief", "c")]
+  try:
+    tasks.start("chief", job, "chief", "a", job="job")
+    tasks.start("worker", job, "worker", "a", job="job")
+    wait_until(lambda: tasks.steps() >= 20, 240, "the job's first steps")
+    step = tasks.steps()
+    for name, cluster, task_type, token, *flags in strays:
+      code = tasks.start(name, cluster, task_type, token, *flags).wait(
+          timeout=120)
+      assert code == 1, tasks.log(name)[-3000:]
+      step = trains_on(tasks, step)
+  finally:
+    tasks.stop()
+  assert (f"The chief at {chief} belongs to another job" in
+          one_error(tasks.log("stray_worker")))
+  same = one_error(tasks.log("same_token"))
+  assert f"worker:0 at {worker} already trains in the job" in same, same
+  assert "that job trains on" in same, same
+  never = one_error(tasks.log("stray_chief"))
+  assert f"task worker:0 ({worker}) has not joined" in never, never
+  assert "TF_CONFIG" in never and "unset TF_CONFIG" in never, never
+  assert not os.path.exists(tmp_path / "stray_chief" / "train.lock")
+  healthy = tasks.log("chief")
+  assert f"A task of another job (worker:0 at {stray}" in healthy
+  assert f"A second worker:0 (worker:0 at {stray}) " in healthy
+  assert not error_lines(healthy) and not error_lines(tasks.log("worker"))
+
+
+def test_a_tf_config_left_in_the_shell_is_named_and_no_lock_stays(tmp_path):
+  """train.py --max_steps=20 with a TF_CONFIG naming this process the chief
+  of a job whose worker never starts: it ends within the peer timeout,
+  naming TF_CONFIG from its first line to its last, and says to unset it."""
+  chief, worker = [f"127.0.0.1:{port}" for port in launch.free_ports(2)]
+  tf_config = json.dumps({"cluster": {"chief": [chief], "worker": [worker]},
+                          "task": {"type": "chief", "index": 0}})
+  model_dir = tmp_path / "model"
+  ended = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "train.py"), "--model_name=mlp",
+       "--max_steps=20", f"--model_dir={model_dir}",
+       f"--peer_timeout_secs={TIMEOUT_SECS}"], cwd=ROOT,
+      env={**ENV, "TF_CONFIG": tf_config}, capture_output=True, text=True,
+      timeout=120)
+  assert ended.returncode == 1, ended.stderr[-3000:]
+  lines = [line for line in ended.stderr.splitlines() if _ABSL_LINE.match(line)]
+  assert "TF_CONFIG" in lines[0], lines[:3]
+  last = one_error(ended.stderr)
+  assert last == lines[-1], lines[-3:]
+  assert f"task worker:0 ({worker})" in last, last
+  assert "TF_CONFIG" in last and "unset TF_CONFIG" in last, last
+  assert os.listdir(model_dir) and not os.path.exists(model_dir / "train.lock")
