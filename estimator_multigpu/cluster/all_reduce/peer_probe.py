@@ -15,14 +15,14 @@ with the same line (`end_if_a_peer_is_gone`).
 
 from __future__ import annotations
 
-import os
 import socket
-import sys
 import threading
 import time
 from typing import Callable, Optional
 
 from absl import logging
+
+from estimator_multigpu.runtime import process_exit
 
 DEFAULT_TIMEOUT_SECS = 120.0
 ANSWERS, REFUSED, SILENT = "answers", "refused", "silent"
@@ -113,6 +113,4 @@ def probe(address: str, timeout_secs: float) -> str:
 
 def _exit(message: str) -> None:
   logging.error("%s", message)
-  sys.stderr.flush()
-  sys.stdout.flush()
-  os._exit(1)  # pylint: disable=protected-access
+  process_exit.exit_now(1)
