@@ -39,7 +39,7 @@ def test_train_py_names_the_source_in_the_first_line_of_a_cluster_task():
       "127.0.0.1:1, worker:0 at 127.0.0.1:2), given by the TF_CONFIG "
       "environment variable; not meant as a cluster task? To train on "
       "this machine alone instead (a TF_CONFIG left in the shell by an "
-      "earlier job?), unset TF_CONFIG (`unset TF_CONFIG`).")
+      "earlier job?), unset TF_CONFIG.")
   by_flags = cluster_task.cluster_source(
       settings_lib.ClusterSettings(worker_hosts=("h:1", "h:2"),
                                    job_name="worker"), environ={})
