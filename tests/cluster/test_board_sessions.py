@@ -76,6 +76,22 @@ def test_a_stray_worker_breaks_a_plain_session_not_the_workers_board(job):
   assert boards["chief"].read("beat/") == {"beat/worker:0": {"beat": 2}}
 
 
+def test_a_board_run_by_the_chiefs_master_is_out_of_a_strays_reach(job):
+  """The guard's workers reach the board at the chief's own address: the
+  chief's master makes the sessions there, which no stray worker's
+  master can make the chief's server drop; the session is never renewed."""
+  chief, _ = job["addresses"]
+  board = board_lib.Board(f"grpc://{chief}", WORKER, CHIEF, token="a",
+                          me="worker:0")
+  board.post("beat/worker:0", {"beat": 3})
+  session = board._session._session
+  stray_call({"chief": [chief], "worker": [
+      f"127.0.0.1:{launch.free_ports(1)[0]}"]}, "worker", [CHIEF, WORKER])
+  board.post("beat/worker:0", {"beat": 4})
+  assert board.get("beat/worker:0") == {"beat": 4}
+  assert board._session._session is session
+
+
 def test_a_stray_chief_breaks_a_plain_session_not_the_chiefs_board(job):
   chief, _ = job["addresses"]
   board = board_lib.Board(job["chief"].target, CHIEF, CHIEF, token="a",

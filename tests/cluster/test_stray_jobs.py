@@ -47,8 +47,11 @@ class Tasks:
   def __init__(self, tmp_path):
     self.dir, self.processes = tmp_path, {}
 
-  def start(self, name, cluster, task_type, token, *flags, job=None):
-    """Task `name` of job `job` (its model dir; default: its own)."""
+  def start(self, name, cluster, task_type, token, *flags, job=None,
+            nice=0):
+    """Task `name` of job `job` (its model dir; default: its own); `nice`:
+    its niceness (the healthy job's, so that a stray's start is not slowed
+    down by the job's steps on a machine of few cores)."""
     tf_config = json.dumps({"cluster": cluster,
                             "task": {"type": task_type, "index": 0}})
     env = {**ENV, "TF_CONFIG": tf_config, "EMG_JOB_TOKEN": token}
@@ -56,7 +59,8 @@ class Tasks:
       self.processes[name] = subprocess.Popen(
           [sys.executable, os.path.join(ROOT, "train.py"), *FLAGS,
            f"--model_dir={self.dir / (job or name)}", *flags], stdout=log,
-          stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+          stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True,
+          preexec_fn=lambda: os.nice(nice))
     return self.processes[name]
 
   def log(self, name):
@@ -104,8 +108,8 @@ def test_strays_of_every_kind_are_refused_and_the_job_trains_on(tmp_path):
        "--learning_rate=0.5"),
       ("stray_chief", {"chief": [stray], "worker": [worker]}, "chief", "c")]
   try:
-    tasks.start("chief", job, "chief", "a", job="job")
-    tasks.start("worker", job, "worker", "a", job="job")
+    tasks.start("chief", job, "chief", "a", job="job", nice=10)
+    tasks.start("worker", job, "worker", "a", job="job", nice=10)
     wait_until(lambda: tasks.steps() >= 20, 240, "the job's first steps")
     step = tasks.steps()
     for name, cluster, task_type, token, *flags in strays:

@@ -4,7 +4,8 @@ The tasks of an all-reduce job have no ps to hold their control queues, but
 every task's gRPC server runs ops for the others. The board is one table
 (a `MutableHashTable` with a shared name, int64 key -> JSON text) on the
 chief's CPU; every task writes its own entries into it and reads them all
-through a side session on its own server, each call bounded by a timeout.
+through a side session on the chief's own server (`board_session`: each
+call bounded by a timeout, a dropped session renewed).
 It carries what must not wait on a collective: each task's heartbeat and
 step count (`heartbeat`), the settings the tasks compare before their first
 step (`agreement`), and why a task ended.
@@ -52,11 +53,16 @@ class Board:
   """This task's handle on the board (thread-safe).
 
   Its calls go through a `board_session.SideSession`: each waits at most
-  its timeout, and a session the chief's server dropped (a stray task of
-  the same name reached it) is renewed.
+  its timeout, and a session the chief's server dropped is renewed. Its
+  target is the chief's server itself (`grpc://<chief's address>`): the
+  chief's master then runs every call, so no session of this task's own
+  master reaches the chief, where a stray of this task's name (its own
+  master, another incarnation) would make the chief's server drop it.
+  Any other target (this task's own server) works too, only less
+  sheltered.
 
   Args:
-    target: this task's own server (`server.target`).
+    target: the server whose master runs the calls (the chief's).
     own_device: this task (`/job:worker/replica:0/task:0`).
     chief_device: the chief task, which holds the table.
     timeout_secs: how long one read or write may take.
@@ -81,8 +87,7 @@ class Board:
           table_handle=table, Tkeys=tf.int64, Tvalues=tf.string)[1]
     graph.finalize()
     self._target = target
-    self._config = tf1.ConfigProto(device_filters=sorted({own_device,
-                                                          chief_device}))
+    self._config = tf1.ConfigProto(device_filters=[chief_device])
     self._session = board_session.SideSession(
         target, graph, self._config, self._export, timeout_secs,
         f"the job's board on {chief_device}")
@@ -118,9 +123,11 @@ class Board:
                                      self._value: text})
 
   def notify(self, name: str, entry: dict) -> None:
-    """Writes entry `name` from a graph of constants, with no feed: from a
-    task the chief does not know (another job's, whose own device name
-    the chief resolves to another process), `post`'s feeds would fail.
+    """Writes entry `name` from a graph of constants, with no feed, in a
+    session of its own: a stray's note, which works whatever the board's
+    target (through this task's own server, `post`'s feeds would fail
+    from a task the chief does not know: the chief resolves its device
+    name to another process).
 
     Raises:
       tf.errors.OpError: the chief's server did not answer in time.

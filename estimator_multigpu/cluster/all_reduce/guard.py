@@ -47,7 +47,8 @@ class JobGuard:
 
   Args:
     cluster: the task's `cross_tower.across_tasks.AllReduceCluster`.
-    target: this task's server target.
+    target: this task's server target (the chief's board is reached at
+      the chief's own address: `board.Board`).
     model_dir: the Estimator's model dir.
     timeout_secs: `peer_timeout_secs`.
     names: {task ("worker:0"): how it was started}; default the task name.
@@ -74,7 +75,9 @@ class JobGuard:
     self._outsider = False  # refused: posts nothing on the job's board.
     self.run = secrets.token_hex(4)  # this process, in its heartbeats.
     self.board = board_lib.Board(
-        target, cluster.tasks[cluster.position], cluster.leader,
+        target if cluster.is_chief else
+        f"grpc://{self._cluster_address(self.tasks[0])}",
+        cluster.tasks[cluster.position], cluster.leader,
         token=os.environ.get(TOKEN_VARIABLE, "(none)"), me=self.me,
         started=f"{self.name()} at {self._cluster_address(self.me)}")
     self.progress = heartbeat.Progress()

@@ -71,9 +71,7 @@ def live_twin(board: board_lib.Board, me: str, run: str,
 
 
 def _beat(board: board_lib.Board, task: str) -> Optional[dict]:
-  """Read through the table's export: a stray's feeds fail (the chief
-  resolves the stray's device name to the task it knows)."""
-  return board.read("beat/").get(f"beat/{task}")
+  return board.get(f"beat/{task}")
 
 
 def twin_line(live: dict, chief_address: str, me: str, task: str) -> str:
