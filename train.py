@@ -119,7 +119,9 @@ def train(settings: Settings, estimator: tf.estimator.Estimator,
                               sync_replicas=settings.cluster.sync_replicas,
                               base_config=towers.session_config,
                               ps_wait_secs=settings.cluster.ps_wait_secs,
-                              stop_requested=lambda: stop.received is not None)
+                              stop_requested=lambda: stop.received is not None,
+                              hint=cluster_task.cluster_source(
+                                  settings.cluster).end_hint)
   return stop.received
 
 

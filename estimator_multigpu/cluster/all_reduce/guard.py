@@ -4,6 +4,9 @@
 
 - the job's board on the chief's server (`board`) and the heartbeat watch
   (`heartbeat.JobWatch`): a stopped or stuck peer ends every task;
+- before it posts anything, a stray refuses itself (`strays`: a task of
+  another job whose cluster names this chief, a second task of a live
+  task's name);
 - before anything is built, a first exchange (`agreement`) of the job's
   identity (the cluster lists; the job token keys the board) and the
   caller's settings,
