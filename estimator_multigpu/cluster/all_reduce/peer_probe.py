@@ -8,7 +8,8 @@ answered for `timeout_secs` (default 120 s: never started, or unreachable),
 or that answered before and now refuses connections twice in a row (its
 process is gone, its host is up), is reported in one ERROR line naming the
 task (one that never answered: with where this task's cluster came from,
-a TF_CONFIG left in the shell perhaps), and the process exits with status 1 at once (TensorFlow's teardown of a server whose peers are gone can
+a TF_CONFIG left in the shell perhaps), and the process exits with status
+1 at once (TensorFlow's teardown of a server whose peers are gone can
 hang). It never limits how long a step may take. A step that fails because
 a peer is gone (TensorFlow raises before the timeout) ends the same way,
 with the same line (`end_if_a_peer_is_gone`).
@@ -102,7 +103,6 @@ class PeerWatch:
                   "died or never started; this task ends. Restart every "
                   "task of the job: training resumes from the chief's last "
                   "checkpoint.")
-
 
   def _never_came(self, name: str) -> None:
     self._on_dead(f"task {name} ({self._peers[name]}) does not answer, and "
