@@ -38,7 +38,9 @@ FLAGS = ["--model_name=mlp", "--virtual_cpus=1", "--batch_size=1024",
          "--log_every_n_steps=20", "--variable_update=replicated",
          "--save_summary_steps=100000", "--save_checkpoints_steps=100000",
          "--max_steps=100000", f"--peer_timeout_secs={TIMEOUT_SECS}"]
-_ABSL_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] ")
+# A line of this project's (Python's absl); TensorFlow's C++ lines have the
+# same form (from TF 2.17 some before any flag is read) but no `.py`.
+_ABSL_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+\.py:\d+\] ")
 
 
 class Tasks:
