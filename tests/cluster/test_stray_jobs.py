@@ -5,7 +5,9 @@ cluster by TF_CONFIG: one healthy job (chief + worker) keeps training while,
 in turn, a stray task (a worker or a chief of another job whose TF_CONFIG
 names this job's chief, or worker; a worker with this job's token but
 other settings) starts, is refused in one line and ends; after each the
-job's step keeps growing for twice the peer timeout. Then a chief whose
+job's step keeps growing for twice the peer timeout (checked while the
+next stray starts), and no session of the job was dropped on the way (its
+board is reached at the chief's address: `board.Board`). Then a chief whose
 TF_CONFIG names a worker that never starts (a TF_CONFIG left in the shell)
 ends, naming TF_CONFIG and how to train alone, and leaves no lock. Every
 wait is bounded and every process is killed in a `finally`; no test
@@ -153,6 +155,7 @@ def test_strays_of_every_kind_are_refused_and_the_job_trains_on(tmp_path):
   assert f"A task of another job (worker:0 at {stray}" in healthy
   assert f"A second worker:0 (worker:0 at {stray}) " in healthy
   assert not error_lines(healthy) and not error_lines(tasks.log("worker"))
+  assert "dropped this task's session" not in tasks.log("worker")
 
 
 def test_a_tf_config_left_in_the_shell_is_named_and_no_lock_stays(tmp_path):
