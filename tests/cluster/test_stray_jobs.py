@@ -33,13 +33,14 @@ from estimator_multigpu.cluster import launch
 
 pytestmark = pytest.mark.slow
 TIMEOUT_SECS = 5  # every task's --peer_timeout_secs.
-# Steps of a batch of 1024 (the whole digits split): the steps of a batch
-# of 64 run so fast that TensorFlow's collectives exhaust a process's
-# threads within a minute or two (two threads are left per step).
+# Steps of some 0.2 s (96 x 96 images, a batch of 1024): every collective
+# leaves a thread for its 600 s timeout (`collectives.TIMEOUT_SECONDS`), so
+# faster steps would take thousands of the machine's threads in a minute.
 FLAGS = ["--model_name=mlp", "--virtual_cpus=1", "--batch_size=1024",
-         "--log_every_n_steps=20", "--variable_update=replicated",
-         "--save_summary_steps=100000", "--save_checkpoints_steps=100000",
-         "--max_steps=100000", f"--peer_timeout_secs={TIMEOUT_SECS}"]
+         "--image_size=96", "--log_every_n_steps=2",
+         "--variable_update=replicated", "--save_summary_steps=100000",
+         "--save_checkpoints_steps=100000", "--max_steps=100000",
+         f"--peer_timeout_secs={TIMEOUT_SECS}"]
 # A line of this project's (Python's absl); TensorFlow's C++ lines have the
 # same form (from TF 2.17 some before any flag is read) but no `.py`.
 _ABSL_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ \S+\.py:\d+\] ")
