@@ -119,7 +119,9 @@ def train(settings: Settings, estimator: tf.estimator.Estimator,
                               sync_replicas=settings.cluster.sync_replicas,
                               base_config=towers.session_config,
                               ps_wait_secs=settings.cluster.ps_wait_secs,
-                              stop_requested=lambda: stop.received is not None)
+                              stop_requested=lambda: stop.received is not None,
+                              hint=cluster_task.cluster_source(
+                                  settings.cluster).end_hint)
   return stop.received
 
 
@@ -138,13 +140,14 @@ def _all_reduce_options(settings: Settings, task: cluster.Task,
                         setup: run_setup.ModelSetup) -> dict:
   """`run_task`'s options for train.py: the settings every task must share
   (cli/model_dir/run_settings.py), the tasks' names as started, the grace
-  time."""
+  time, where the cluster came from."""
   shared = run_settings.across_tasks(
       settings, estimator.params["classifier"], len(towers.devices), setup)
   return dict(max_steps=settings.optimization.max_steps,
               names=cluster_task.task_names(
                   task, settings.cluster.worker_hosts is not None),
-              settings=shared, grace_secs=settings.run.stop_grace_secs)
+              settings=shared, grace_secs=settings.run.stop_grace_secs,
+              source=cluster_task.cluster_source(settings.cluster))
 
 
 def evaluate(settings: Settings, estimator: tf.estimator.Estimator,
@@ -269,6 +272,7 @@ def main(argv):
     sys.exit(run(None, resume_settings.keep_recorded(
         settings, run_config.read(settings.run.model_dir),
         {name for name in FLAGS if FLAGS[name].present})))
+  logging.info("%s", cluster_task.start_line(task, settings.cluster))
   cluster.exit_process(run_cluster_task(task, settings))
 
 

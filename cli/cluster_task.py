@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Optional
+from typing import Mapping, Optional
 
 from absl import logging
 
 from estimator_multigpu import cluster
+from estimator_multigpu.cluster import source
 from estimator_multigpu.runtime import checkpoints as checkpoints_lib
 
 from cli import settings as settings_lib
@@ -36,6 +37,23 @@ def cluster_task(settings: settings_lib.ClusterSettings,
                      "give --ps_hosts, --worker_hosts and --job_name (or "
                      "TF_CONFIG), or drop it.")
   return task
+
+
+def cluster_source(settings: settings_lib.ClusterSettings,
+                   environ: Optional[Mapping[str, str]] = None
+                   ) -> source.Source:
+  """Where this task's cluster comes from: the launcher, the cluster flags
+  or TF_CONFIG (`cluster_task`'s order)."""
+  return source.detect(bool(settings.ps_hosts or settings.worker_hosts or
+                            settings.job_name), environ)
+
+
+def start_line(task: cluster.Task, settings: settings_lib.ClusterSettings
+               ) -> str:
+  """A cluster task's first line: which task, of which cluster, from where."""
+  me = f"{task.type}:{task.index}"
+  names = task_names(task, settings.worker_hosts is not None)
+  return cluster_source(settings).start_line(names.get(me, me), task.cluster)
 
 
 def _list(hosts):
@@ -69,8 +87,8 @@ def prepare_task(task: Optional[cluster.Task], towers: towers_lib.Towers,
   if task is None:
     return towers
   os.environ["TF_CONFIG"] = task.tf_config()  # read by RunConfig.
-  logging.info("Cluster task %s (TF_CONFIG=%s)", task.device,
-               task.tf_config())
+  logging.info("Cluster task %s: Estimator's RunConfig reads TF_CONFIG=%s",
+               task.device, task.tf_config())
   return dataclasses.replace(towers, session_config=cluster.session_config(
       task, towers.session_config))
 

@@ -4,6 +4,9 @@ Shared by both kinds of job:
 - `task`: which task this process runs (`Task`, from flags or TF_CONFIG), its
   server and session config (the evaluator's checkpoint loop is
   `estimator_multigpu.runtime.evaluation`).
+- `source`: where a task's cluster comes from (TF_CONFIG, the flags, the
+  launcher), which its first line and the line of a peer that never came
+  name.
 - `launch`: `python -m estimator_multigpu.cluster.launch` starts a whole job
   on one machine (loopback), for trying and testing.
 - `slurm`: `python -m estimator_multigpu.cluster.slurm` prints the TF_CONFIG
@@ -17,7 +20,8 @@ One family per kind of job:
 - `all_reduce`: chief and workers, no ps: `all_reduce.training`
   (`train_and_evaluate`), `all_reduce.servers`, `all_reduce.guard`,
   `all_reduce.agreement`, `all_reduce.board`, `all_reduce.board_entries`,
-  `all_reduce.heartbeat`, `all_reduce.peer_probe`, `all_reduce.stop_signal`.
+  `all_reduce.board_session`, `all_reduce.strays`, `all_reduce.heartbeat`,
+  `all_reduce.peer_probe`, `all_reduce.stop_signal`.
   The graph side of such a job is `cross_tower.across_tasks`: nothing that
   builds the graph imports this package.
 

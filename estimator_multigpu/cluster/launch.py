@@ -13,7 +13,8 @@ variable. Addresses are free loopback ports (TensorFlow's servers still
 listen on every interface: one WARNING line, `exposure_line`, says they
 are reachable from the network and how to close them), and every task gets
 the same job token (`EMG_JOB_TOKEN`), so a task of another job is refused by
-name. Each task writes
+name, and `EMG_LAUNCHED` (its lines name the launcher as where its cluster
+came from, `cluster.source`). Each task writes
 `<log_dir>/<job>_<index>.log`. The launcher waits for the job, stops every
 process it started that is still running, prints one line per task, each
 evaluator's final metrics line (`accuracy=... global_step=...`, the last
@@ -41,6 +42,7 @@ from typing import Optional, Sequence
 from absl import logging
 
 from estimator_multigpu import cluster
+from estimator_multigpu.cluster import source
 
 TOKEN_VARIABLE = "EMG_JOB_TOKEN"  # cluster.all_reduce.guard's job token.
 _OWN_FLAGS = ("--ps_hosts", "--worker_hosts", "--job_name", "--task_index")
@@ -123,7 +125,8 @@ def start_cluster(tasks: list, script: str, script_args: list, num_ps: int,
   ports = free_ports(num_ps + num_workers)
   hosts = [f"localhost:{port}" for port in ports]
   logging.warning("%s", exposure_line(ports))
-  token = {TOKEN_VARIABLE: secrets.token_hex(8)}  # tells this job apart.
+  marks = {TOKEN_VARIABLE: secrets.token_hex(8),  # tells this job apart.
+           source.LAUNCHER_VARIABLE: "1"}  # the tasks' lines name it.
   ps_hosts, worker_hosts = hosts[:num_ps], hosts[num_ps:]
   jobs = ([(cluster.PS, i) for i in range(num_ps)] +
           [(cluster.WORKER, i) for i in range(num_workers)])
@@ -132,7 +135,7 @@ def start_cluster(tasks: list, script: str, script_args: list, num_ps: int,
   for job, index in jobs:
     flags, env = task_flags(ps_hosts, worker_hosts, job, index, use_tf_config)
     command = [sys.executable, script, *script_args, *flags]
-    tasks.append(start_task(command, {**env, **token}, f"{job}_{index}", job,
+    tasks.append(start_task(command, {**env, **marks}, f"{job}_{index}", job,
                             log_dir))
 
 

@@ -17,7 +17,8 @@ This module: which task this process runs and how its server starts.
   - `session_config`: device filters, so a trainer sees the ps tasks and
     itself only.
   - `exit_process`: a task's process can hang in TensorFlow's teardown of
-    its server; tasks flush their files and leave at once.
+    its server; tasks flush their files, release the model dir's lock and
+    leave at once.
 The evaluator task runs `estimator_multigpu.runtime.evaluation.evaluate_checkpoints`,
 the loop eval.py runs too.
 
@@ -29,12 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import sys
 from typing import Optional, Sequence
 
 from absl import logging
 import tensorflow as tf
+
+from estimator_multigpu.runtime import process_exit
 
 tf1 = tf.compat.v1
 
@@ -251,14 +252,12 @@ def start_server(task: Task, base: Optional[tf1.ConfigProto] = None
 
 
 def exit_process(status: int) -> None:
-  """Flushes summaries and logs, then ends the process at once.
+  """Flushes summaries and logs, releases the model dir's lock, then ends
+  the process at once.
 
   A process with a gRPC server can take tens of seconds, or forever, in
   TensorFlow's C++ teardown at a normal exit (clean server shutdown is not
-  implemented), so cluster tasks leave through `os._exit`.
+  implemented), so cluster tasks leave through `os._exit`
+  (`runtime.process_exit.exit_now`).
   """
-  tf1.summary.FileWriterCache.clear()  # closes (flushes) every event file.
-  logging.flush()
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(status)  # pylint: disable=protected-access
+  process_exit.exit_now(status)

@@ -8,7 +8,8 @@ graph does not depend on it. Public (`estimator_multigpu.runtime.<module>`):
 - `evaluation`: the evaluator's checkpoint loop.
 - `checkpoints`: the checkpoints of a model dir, and unusable ones put aside.
 - `model_dir_lock`: one writer per model dir.
+- `process_exit`: ending a process at once, its model dir's lock released.
 """
 
 __all__ = ["checkpoints", "evaluation", "guards", "hooks", "model_dir_lock",
-           "scaling"]
+           "process_exit", "scaling"]

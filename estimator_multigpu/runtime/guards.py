@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from estimator_multigpu.graph import nan_guard
 from estimator_multigpu.graph import specs
+from estimator_multigpu.runtime import process_exit
 
 tf1 = tf.compat.v1
 
@@ -226,5 +227,4 @@ def _exit_blocked(signal_number: int, waited_secs: float) -> None:
   logging.error("Signal %d arrived %.0f s ago, but the current step has not "
                 "finished; exiting now without a final checkpoint (a restart "
                 "resumes from the newest one).", signal_number, waited_secs)
-  logging.flush()
-  os._exit(128 + signal_number)  # pylint: disable=protected-access
+  process_exit.exit_now(128 + signal_number)

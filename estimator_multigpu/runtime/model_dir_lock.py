@@ -4,7 +4,8 @@ Two trainings writing one model dir overwrite each other's checkpoints and
 `run_config.json`, and the second "resumes" from what the first just saved.
 `hold(model_dir)` creates `<model_dir>/train.lock` atomically (`O_EXCL`)
 holding the owner's host, PID and job, refreshes it every
-`HEARTBEAT_SECS` while training runs, and removes it at the end:
+`HEARTBEAT_SECS` while training runs, and removes it at the end (also
+at an immediate exit, `release_held`):
 
 - held by a live process on this host: `ModelDirLockedError` naming host
   and PID and the fix (wait, stop it, or choose another model dir) — also
@@ -34,11 +35,12 @@ from typing import Iterator, Optional
 from absl import logging
 
 __all__ = ["LOCK_NAME", "ModelDirLockedError", "acquire", "describe", "hold",
-           "is_live", "pid_alive", "release"]
+           "is_live", "pid_alive", "release", "release_held"]
 
 LOCK_NAME = "train.lock"
 HEARTBEAT_SECS = 30.0
 STALE_SECS = 120.0  # another host's lock without a heartbeat this long: dead.
+_HELD: set = set()  # the paths `hold` holds in this process.
 
 
 class ModelDirLockedError(OSError):
@@ -215,6 +217,7 @@ def hold(model_dir: str, job: Optional[str] = None,
     ModelDirLockedError: a live run holds the lock.
   """
   path = acquire(model_dir, job)
+  _HELD.add(path)
   stop = threading.Event()
   threading.Thread(target=_heartbeat, args=(path, stop, heartbeat_secs),
                    daemon=True, name="model_dir_lock").start()
@@ -222,4 +225,13 @@ def hold(model_dir: str, job: Optional[str] = None,
     yield path
   finally:
     stop.set()
+    _HELD.discard(path)
+    release(path)
+
+
+def release_held() -> None:
+  """Releases every lock `hold` holds in this process: for an exit that
+  skips the `hold` block's end (`os._exit`, `runtime.process_exit`)."""
+  for path in sorted(_HELD):
+    _HELD.discard(path)
     release(path)

@@ -199,6 +199,8 @@ def test_train_py_all_reduce_job_through_the_launcher(tmp_path):
                    r"global_step=30", output), output[-2000:]
   assert tf.train.load_checkpoint(model_dir).get_tensor("global_step") == 30
   assert "Training done" in open(f"{logs}/worker_1.log").read()
+  assert ("given by the launcher (python -m estimator_multigpu.cluster."
+          "launch)") in open(f"{logs}/worker_1.log").read()
 
 
 def test_a_failed_step_with_a_dead_peer_ends_with_the_same_line():

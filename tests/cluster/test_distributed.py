@@ -398,6 +398,9 @@ def test_unreachable_ps_is_a_clear_error_after_a_bounded_wait(tmp_path):
   assert result.returncode == 1, result.stderr[-2000:]
   assert (f"waited 3 s for ps task 0 at localhost:{ps_port}, which did not "
           "answer") in result.stderr
+  # The first line and the error name where the cluster came from.
+  assert "given by the cluster flags (--ps_hosts" in result.stderr
+  assert "run without --ps_hosts, --worker_hosts" in result.stderr
 
 
 def test_watchdog_reports_a_ps_that_stops_answering():

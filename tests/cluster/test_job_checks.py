@@ -175,6 +175,24 @@ def test_a_peer_whose_heartbeat_stops_is_named_after_the_timeout(now):
       "task worker --task_index=1 has made no progress for 11 s")
 
 
+def test_a_peer_that_never_beats_is_named_after_twice_the_timeout(now):
+  """Its address may answer (another job's task listens there): the chief
+  does not wait for it forever, and says where its cluster came from."""
+  board = FakeBoard()
+  watch = heartbeat.JobWatch(
+      board, "chief:0", {"chief:0": "chief:0", "worker:0": "worker:0"},
+      heartbeat.Progress(), 10.0, on_end=lambda line: None,
+      addresses={"worker:0": "127.0.0.1:2"}, hint="Unset TF_CONFIG.")
+  assert watch._check(1) is None
+  now[0] += 19
+  assert watch._check(2) is None  # twice the timeout: a slow start.
+  now[0] += 2
+  line = watch._check(3)
+  assert line.startswith("task worker:0 (127.0.0.1:2) has not joined this "
+                         "job: no heartbeat of it in 21 s"), line
+  assert line.endswith("this task (chief:0) ends. Unset TF_CONFIG."), line
+
+
 def test_every_task_in_a_step_with_none_finished_is_a_stuck_step(now):
   board = FakeBoard()
   watch = make_watch(board)

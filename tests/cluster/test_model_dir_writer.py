@@ -96,3 +96,31 @@ def test_a_lock_that_cannot_be_removed_hides_nothing(tmp_path, monkeypatch,
   monkeypatch.setattr(os, "remove", read_only)
   model_dir_lock.release(path)
   assert "Could not remove the model dir's lock" in caplog.text
+
+
+def _exits(monkeypatch):
+  """os._exit recorded instead of run (every exit path ends in it)."""
+  statuses = []
+  monkeypatch.setattr(os, "_exit", statuses.append)
+  return statuses
+
+
+@pytest.mark.parametrize("end", ["exit_process", "peer_gone", "blocked"])
+def test_every_way_a_task_ends_at_once_releases_the_lock(tmp_path,
+                                                          monkeypatch, end):
+  """os._exit skips the `hold` block's release: each immediate exit
+  releases the locks this process holds first (a lock of another
+  process stays)."""
+  from estimator_multigpu import cluster  # pylint: disable=g-import-not-at-top
+  from estimator_multigpu.cluster.all_reduce import peer_probe  # pylint: disable=g-import-not-at-top
+  from estimator_multigpu.runtime import guards  # pylint: disable=g-import-not-at-top
+  statuses = _exits(monkeypatch)
+  other = write_lock(str(tmp_path / "other"), socket.gethostname(), 1)
+  with model_dir_lock.hold(str(tmp_path / "mine")) as path:
+    {"exit_process": lambda: cluster.exit_process(3),
+     "peer_gone": lambda: peer_probe._exit("task worker:0 is gone"),
+     "blocked": lambda: guards._exit_blocked(15, 2.0)}[end]()
+    assert not os.path.exists(path)
+  assert statuses == [{"exit_process": 3, "peer_gone": 1,
+                       "blocked": 128 + 15}[end]]
+  assert os.path.exists(other)

@@ -4,7 +4,8 @@ The tasks of an all-reduce job have no ps to hold their control queues, but
 every task's gRPC server runs ops for the others. The board is one table
 (a `MutableHashTable` with a shared name, int64 key -> JSON text) on the
 chief's CPU; every task writes its own entries into it and reads them all
-through a side session on its own server, each call bounded by a timeout.
+through a side session on the chief's own server (`board_session`: each
+call bounded by a timeout, a dropped session renewed).
 It carries what must not wait on a collective: each task's heartbeat and
 step count (`heartbeat`), the settings the tasks compare before their first
 step (`agreement`), and why a task ended.
@@ -20,17 +21,18 @@ and the chief names each once in a WARNING.
 from __future__ import annotations
 
 import hashlib
-import threading
 from typing import Optional
 
 from absl import logging
 import tensorflow as tf
 
 from estimator_multigpu.cluster.all_reduce import board_entries
+from estimator_multigpu.cluster.all_reduce import board_session
 
 tf1 = tf.compat.v1
 
 SHARED_NAME = "estimator_multigpu_board"
+TWIN_PREFIX = "second/"  # a second task of a live task's name, refused.
 TIMEOUT_SECS = 5.0
 
 
@@ -48,17 +50,19 @@ def table_key(name: str) -> int:
 
 
 class Board:
-  """This task's handle on the board (thread-safe; never closed: a session
-  on a peer that went away can block in `close`).
+  """This task's handle on the board (thread-safe).
 
-  The session's first call creates its master session, which waits for the
-  chief's server with no deadline (the call's timeout does not cover it):
-  a helper thread makes that call (`connect`), and every read or write
-  waits for it at most its own timeout, so no call blocks for longer
-  whatever the chief's state (absent, stopped, another job's).
+  Its calls go through a `board_session.SideSession`: each waits at most
+  its timeout, and a session the chief's server dropped is renewed. Its
+  target is the chief's server itself (`grpc://<chief's address>`): the
+  chief's master then runs every call, so no session of this task's own
+  master reaches the chief, where a stray of this task's name (its own
+  master, another incarnation) would make the chief's server drop it.
+  Any other target (this task's own server) works too, only less
+  sheltered.
 
   Args:
-    target: this task's own server (`server.target`).
+    target: the server whose master runs the calls (the chief's).
     own_device: this task (`/job:worker/replica:0/task:0`).
     chief_device: the chief task, which holds the table.
     timeout_secs: how long one read or write may take.
@@ -82,23 +86,22 @@ class Board:
       self._export = tf.raw_ops.LookupTableExportV2(
           table_handle=table, Tkeys=tf.int64, Tvalues=tf.string)[1]
     graph.finalize()
-    config = tf1.ConfigProto(device_filters=sorted({own_device,
-                                                    chief_device}))
-    self._session = tf1.Session(target, graph=graph, config=config)
-    self._target, self._config = target, config
-    self._options = tf1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
+    self._target = target
+    self._config = tf1.ConfigProto(device_filters=[chief_device])
+    self._session = board_session.SideSession(
+        target, graph, self._config, self._export, timeout_secs,
+        f"the job's board on {chief_device}")
     self._timeout, self.chief_device = timeout_secs, chief_device
-    self._connected = threading.Event()
-    self._connecting = threading.Lock()
-    self._connector: Optional[threading.Thread] = None
     self._seal, self._me = board_entries.JobSeal(token), (me, started)
+    self.started = started
     self._is_chief = own_device == chief_device
     self.foreign: set = set()  # board_entries.Foreign seen so far.
+    self._twins: set = set()  # this job's second tasks named so far.
 
   @property
   def connected(self) -> bool:
     """Whether the chief's server answered this task's board once."""
-    return self._connected.is_set()
+    return self._session.connected
 
   def connect(self, timeout_secs: Optional[float] = None) -> None:
     """Waits until the chief's server answered (the first call made),
@@ -107,26 +110,7 @@ class Board:
     Raises:
       tf.errors.DeadlineExceededError: it has not answered in time.
     """
-    with self._connecting:
-      if self._connector is None:
-        self._connector = threading.Thread(target=self._first_call,
-                                           daemon=True, name="board-connect")
-        self._connector.start()
-    wait = self._timeout if timeout_secs is None else timeout_secs
-    if not self._connected.wait(wait):
-      raise tf.errors.DeadlineExceededError(
-          None, None, f"the job's board on {self.chief_device} has not "
-          f"answered within {wait:g} s")
-
-  def _first_call(self) -> None:
-    """Creates the master session (no deadline: a helper thread)."""
-    try:
-      self._session.run(self._export, options=self._options)
-    except tf.errors.OpError:
-      with self._connecting:  # the next call tries again.
-        self._connector = None
-      return
-    self._connected.set()
+    self._session.connect(timeout_secs)
 
   def post(self, name: str, entry: dict) -> None:
     """Writes (replaces) entry `name`.
@@ -135,15 +119,15 @@ class Board:
       tf.errors.OpError: the chief's server did not answer in time.
     """
     text = self._seal.seal(name, entry, *self._me)
-    self.connect()
     self._session.run(self._insert, {self._key: self._table_key(name),
-                                     self._value: text},
-                      options=self._options)
+                                     self._value: text})
 
   def notify(self, name: str, entry: dict) -> None:
-    """Writes entry `name` from a graph of constants, with no feed: from a
-    task the chief does not know (another job's, whose own device name
-    the chief resolves to another process), `post`'s feeds would fail.
+    """Writes entry `name` from a graph of constants, with no feed, in a
+    session of its own: a stray's note, which works whatever the board's
+    target (through this task's own server, `post`'s feeds would fail
+    from a task the chief does not know: the chief resolves its device
+    name to another process).
 
     Raises:
       tf.errors.OpError: the chief's server did not answer in time.
@@ -155,9 +139,8 @@ class Board:
           table_handle=_table(), keys=tf.constant(self._table_key(name),
                                                   tf.int64),
           values=tf.constant(self._seal.seal(name, entry, *self._me)))
-    with tf1.Session(self._target, graph=graph,
-                     config=self._config) as session:
-      session.run(insert, options=self._options)
+    board_session.run_once(self._target, graph, self._config, insert,
+                           self._timeout)
 
   def _table_key(self, name: str) -> int:
     return table_key(self._seal.key_name(name))
@@ -168,9 +151,7 @@ class Board:
     Raises:
       tf.errors.OpError: the chief's server did not answer in time.
     """
-    self.connect()
-    text = self._session.run(self._find, {self._key: self._table_key(name)},
-                             options=self._options)
+    text = self._session.run(self._find, {self._key: self._table_key(name)})
     opened = self._seal.open(text) if text else None
     return opened[1] if isinstance(opened, tuple) else None
 
@@ -180,8 +161,7 @@ class Board:
     Raises:
       tf.errors.OpError: the chief's server did not answer in time.
     """
-    self.connect()
-    texts = self._session.run(self._export, options=self._options)
+    texts = self._session.run(self._export)
     entries, foreign = board_entries.opened_entries(self._seal, texts, prefix)
     for stray in sorted(foreign - self.foreign, key=str):
       self.foreign.add(stray)
@@ -191,4 +171,19 @@ class Board:
             "with this job's token) reached this chief; it is refused and "
             "this job trains on. Check the addresses (--worker_hosts / "
             "TF_CONFIG) and EMG_JOB_TOKEN given to each job.", stray.name)
+    if self._is_chief:
+      self._name_twins(entries)
     return entries
+
+  def _name_twins(self, entries: dict) -> None:
+    """Names, once, each second task of this job's token that found its
+    name taken by a live task and ended (`strays.refuse_twin`)."""
+    for key, entry in sorted(entries.items()):
+      twin = (key, entry.get("as"), entry.get("live"))
+      if key.startswith(TWIN_PREFIX) and twin not in self._twins:
+        self._twins.add(twin)
+        logging.warning(
+            "A second %s (%s) with this job's token reached this chief "
+            "while %s trains in this job; it is refused and this job "
+            "trains on. Check the addresses (--worker_hosts / TF_CONFIG) "
+            "given to each task.", key[len(TWIN_PREFIX):], twin[1], twin[2])

@@ -4,6 +4,9 @@
 
 - the job's board on the chief's server (`board`) and the heartbeat watch
   (`heartbeat.JobWatch`): a stopped or stuck peer ends every task;
+- before it posts anything, a stray refuses itself (`strays`: a task of
+  another job whose cluster names this chief, a second task of a live
+  task's name);
 - before anything is built, a first exchange (`agreement`) of the job's
   identity (the cluster lists; the job token keys the board) and the
   caller's settings,
@@ -21,6 +24,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from typing import Callable, Optional
@@ -32,6 +36,7 @@ from estimator_multigpu.cluster.all_reduce import agreement
 from estimator_multigpu.cluster.all_reduce import board as board_lib
 from estimator_multigpu.cluster.all_reduce import heartbeat
 from estimator_multigpu.cluster.all_reduce import stop_signal
+from estimator_multigpu.cluster.all_reduce import strays
 
 tf1 = tf.compat.v1
 
@@ -45,7 +50,8 @@ class JobGuard:
 
   Args:
     cluster: the task's `cross_tower.across_tasks.AllReduceCluster`.
-    target: this task's server target.
+    target: this task's server target (the chief's board is reached at
+      the chief's own address: `board.Board`).
     model_dir: the Estimator's model dir.
     timeout_secs: `peer_timeout_secs`.
     names: {task ("worker:0"): how it was started}; default the task name.
@@ -53,31 +59,39 @@ class JobGuard:
     setting_names: {setting: how the user sets it (a flag)}.
     received: this task's stop signal, if any (`SignalStop`); None: the
       caller handles no signal, so no stop is agreed (no per-step call).
+    hint: what ends the line of a task whose peer never came (where the
+      cluster came from, `cluster.source`).
   """
 
   def __init__(self, cluster, target: str, model_dir: str,
                timeout_secs: float, names: Optional[dict] = None,
                settings: Optional[dict] = None,
                setting_names: Optional[dict] = None,
-               received: Optional[Callable[[], Optional[int]]] = None):
+               received: Optional[Callable[[], Optional[int]]] = None,
+               hint: str = ""):
     self.tasks = [_task_name(device) for device in cluster.tasks]
     self.me = self.tasks[cluster.position]
     self.names = {task: (names or {}).get(task, task) for task in self.tasks}
     self._cluster, self._model_dir = cluster, model_dir
     self._timeout, self._settings = timeout_secs, dict(settings or {})
-    self._setting_names = setting_names
-    self._foreign_chief = False
+    self._setting_names, self._hint = setting_names, hint
+    self._outsider = False  # refused: posts nothing on the job's board.
+    self.run = secrets.token_hex(4)  # this process, in its heartbeats.
     self.board = board_lib.Board(
-        target, cluster.tasks[cluster.position], cluster.leader,
+        target if cluster.is_chief else
+        f"grpc://{self._cluster_address(self.tasks[0])}",
+        cluster.tasks[cluster.position], cluster.leader,
         token=os.environ.get(TOKEN_VARIABLE, "(none)"), me=self.me,
         started=f"{self.name()} at {self._cluster_address(self.me)}")
     self.progress = heartbeat.Progress()
     self.stop = stop_signal.JobStop(self.board, self.me, cluster.is_chief,
                                  self.name, received or (lambda: None))
     self._agrees_stops = received is not None
-    self._watch = heartbeat.JobWatch(self.board, self.me, self.names,
-                                     self.progress, timeout_secs,
-                                     on_end=self._watch_end)
+    self._watch = heartbeat.JobWatch(
+        self.board, self.me, self.names, self.progress, timeout_secs,
+        on_end=self._watch_end, hint=hint, stamp={
+            "run": self.run, "as": self.board.started},
+        addresses={task: self._cluster_address(task) for task in self.tasks})
 
   def __enter__(self) -> "JobGuard":
     return self  # the heartbeats start in `greet`.
@@ -104,6 +118,7 @@ class JobGuard:
     """
     self._reach_chief()
     self._read_round("hello")  # a chief of another job: refused first.
+    self._refuse_if_twin()
     self._watch.__enter__()
     mine = {"identity": self.identity(), "settings": self._settings}
     posted = self._exchange("hello", mine)
@@ -131,7 +146,7 @@ class JobGuard:
                "it gave up) or its address is wrong; this task "
                f"({self.name()}) ends. Start every task of the job with the "
                "same cluster: training resumes from the chief's newest "
-               "checkpoint.")
+               f"checkpoint. {self._hint}".strip())
 
   def _cluster_address(self, task: str) -> str:
     job, index = task.split(":")
@@ -159,7 +174,8 @@ class JobGuard:
       self.end(str(error), linger=round_name)
     except (TimeoutError, tf.errors.OpError) as error:
       self._refuse_if_foreign()
-      self.end(f"{self.name()}: {_message(error)}")
+      hint = f" {self._hint}" if isinstance(error, TimeoutError) else ""
+      self.end(f"{self.name()}: {_message(error)}{hint}")
     raise AssertionError("unreachable")  # `end` exits.
 
   def _read_round(self, round_name: str) -> dict:
@@ -174,20 +190,24 @@ class JobGuard:
     entries under another token) ends, saying so, before it posts
     anything (a stray's writes reach the other job's tasks)."""
     chief = self.tasks[0]
-    strays = [f for f in self.board.foreign if f.task == chief]
-    if strays and not self._cluster.is_chief:
-      self._foreign_chief = True
-      try:  # the chief names this task in its log.
-        self.board.notify(f"refused/{self.me}", {})
-      except tf.errors.OpError:
-        pass
-      self.end(
-          f"The chief at {self._cluster_address(chief)} belongs to another "
-          f"job ({strays[0].name}; its board entries are not signed with "
-          f"this task's EMG_JOB_TOKEN): this task ({self.name()}) is not "
-          "part of that job and ends before joining it; that job trains "
-          "on. Check the addresses (--worker_hosts / TF_CONFIG) and the "
-          "job token given to each task.")
+    stray = strays.foreign_chief(self.board, chief)
+    if stray and not self._cluster.is_chief:
+      self._refuse((f"refused/{self.me}", {}), strays.foreign_line(
+          stray, self._cluster_address(chief), self.name()))
+
+  def _refuse_if_twin(self) -> None:
+    """A task whose name a live task of this job holds (another process
+    beats under it) ends, saying so, before it posts anything."""
+    live = strays.live_twin(self.board, self.me, self.run)
+    if live:
+      self._refuse(strays.twin_note(live, self.board.started, self.me),
+                   strays.twin_line(live, self._cluster_address(
+                       self.tasks[0]), self.board.started, self.me))
+
+  def _refuse(self, note: tuple, line: str) -> None:
+    self._outsider = True
+    strays.leave_note(self.board, *note)  # the chief names this task.
+    self.end(line)
 
   def name(self, task: Optional[str] = None) -> str:
     return self.names[task or self.me]
@@ -199,8 +219,8 @@ class JobGuard:
     if not heartbeat.claim_end():
       heartbeat.wait_for_exit()
     try:
-      if self.board.connected and not self._foreign_chief:  # else the
-        # chief never answered, or is another job's.
+      if self.board.connected and not self._outsider:  # else the
+        # chief never answered, or this task is refused.
         self.board.post(f"end/{self.me}", {"line": line})
     except tf.errors.OpError:
       pass  # the chief is gone: the peers find that out themselves.

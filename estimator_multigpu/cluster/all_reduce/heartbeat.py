@@ -9,6 +9,9 @@ process ran, and its phase — and reads everyone's:
 
 - a peer whose counter has not moved for `timeout_secs` (as this task's
   clock sees it) is stopped or hung: its threads no longer run;
+- a peer with no heartbeat at all twice `timeout_secs` after this watch
+  began never joined: it was not started, or its address holds a task of
+  another job (whose heartbeats go to another board);
 - the chief's board not answering for `timeout_secs` is the chief gone;
 - every task inside a step (phase "step") with no step finished anywhere
   for the allowance, `max(timeout_secs, 10 x the slowest step so far)`
@@ -80,21 +83,31 @@ class JobWatch:
     timeout_secs: how long a peer may not beat, and a step may not end.
     interval_secs: seconds between beats.
     on_end: called with the one line (default: log it, exit with status 1).
+    addresses: {task: its address}, for the lines.
+    hint: what ends the line of a peer that never joined (where this
+      task's cluster came from, `cluster.source`).
+    stamp: what every beat carries besides (the posting process's `run`
+      and `as`: `strays.live_twin` tells a live task by it).
   """
 
   def __init__(self, board, me: str, names: dict, progress: Progress,
                timeout_secs: float, interval_secs: float = 1.0,
-               on_end: Optional[Callable[[str], None]] = None):
+               on_end: Optional[Callable[[str], None]] = None,
+               addresses: Optional[dict] = None, hint: str = "",
+               stamp: Optional[dict] = None):
     self._board, self._me, self._names = board, me, dict(names)
+    self._addresses, self._hint = dict(addresses or {}), hint
+    self._stamp = dict(stamp or {})
     self._progress, self._timeout = progress, timeout_secs
     self._interval = min(interval_secs, timeout_secs / 4)
     self._on_end = on_end or end_task
     self._stop = threading.Event()
     self._seen: dict = {}  # task -> (beat counter, when it last moved).
     self._steps = (-1, time.monotonic())  # (fewest steps, when it moved).
-    self._answered = time.monotonic()
+    self._answered = self._began = time.monotonic()
 
   def __enter__(self) -> "JobWatch":
+    self._answered = self._began = time.monotonic()
     threading.Thread(target=self._watch, daemon=True,
                      name="job-watch").start()
     return self
@@ -116,7 +129,8 @@ class JobWatch:
     try:
       self._board.post(f"beat/{self._me}", {
           "beat": beat, "steps": self._progress.steps,
-          "phase": self._progress.phase, "slowest": self._progress.slowest})
+          "phase": self._progress.phase, "slowest": self._progress.slowest,
+          **self._stamp})
       entries = self._board.read()
     except tf.errors.OpError:
       return self._board_silent()
@@ -154,6 +168,11 @@ class JobWatch:
     now = time.monotonic()
     for task in self._names:
       beat = entries.get(f"beat/{task}", {}).get("beat")
+      if beat is None and task != self._me:
+        line = self._never_joined(task, now)
+        if line:
+          return line
+        continue
       counter, moved = self._seen.get(task, (None, now))
       if beat != counter:
         self._seen[task] = (beat, now)
@@ -164,6 +183,20 @@ class JobWatch:
                 f"({self.name(self._me)}) ends. Restart every task of the "
                 "job: training resumes from the chief's newest checkpoint.")
     return None
+
+  def _never_joined(self, task: str, now: float) -> Optional[str]:
+    """The line for a peer with no heartbeat twice the timeout after this
+    watch began (a slow start gets the first), or None."""
+    waited = now - self._began
+    if waited <= 2 * self._timeout:
+      return None
+    address = self._addresses.get(task)
+    named = f"{self.name(task)} ({address})" if address else self.name(task)
+    return (f"task {named} has not joined this job: no heartbeat of it in "
+            f"{waited:.0f} s (it was not started, or the process at its "
+            "address is a task of another job: check the addresses and the "
+            "EMG_JOB_TOKEN given to each task); this task "
+            f"({self.name(self._me)}) ends. {self._hint}").strip()
 
   def _stuck(self, entries: dict) -> Optional[str]:
     beats = [entries.get(f"beat/{task}") for task in self._names]

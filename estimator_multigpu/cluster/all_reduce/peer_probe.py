@@ -7,7 +7,9 @@ opens a TCP connection to each peer's gRPC address. A peer that has not
 answered for `timeout_secs` (default 120 s: never started, or unreachable),
 or that answered before and now refuses connections twice in a row (its
 process is gone, its host is up), is reported in one ERROR line naming the
-task, and the process exits with status 1 at once (TensorFlow's teardown of a server whose peers are gone can
+task (one that never answered: with where this task's cluster came from,
+a TF_CONFIG left in the shell perhaps), and the process exits with status
+1 at once (TensorFlow's teardown of a server whose peers are gone can
 hang). It never limits how long a step may take. A step that fails because
 a peer is gone (TensorFlow raises before the timeout) ends the same way,
 with the same line (`end_if_a_peer_is_gone`).
@@ -15,14 +17,14 @@ with the same line (`end_if_a_peer_is_gone`).
 
 from __future__ import annotations
 
-import os
 import socket
-import sys
 import threading
 import time
 from typing import Callable, Optional
 
 from absl import logging
+
+from estimator_multigpu.runtime import process_exit
 
 DEFAULT_TIMEOUT_SECS = 120.0
 ANSWERS, REFUSED, SILENT = "answers", "refused", "silent"
@@ -37,18 +39,21 @@ class PeerWatch:
     timeout_secs: how long a peer may not answer before the task ends.
     interval_secs: seconds between checks.
     on_dead: called with the message instead of exiting (tests).
+    hint: what ends the line of a peer that never answered (where the
+      cluster came from, `cluster.source`).
   """
 
   def __init__(self, peers: dict, timeout_secs: float = DEFAULT_TIMEOUT_SECS,
                interval_secs: float = 1.0,
-               on_dead: Optional[Callable[[str], None]] = None):
+               on_dead: Optional[Callable[[str], None]] = None,
+               hint: str = ""):
     if not timeout_secs > 0:
       raise ValueError(f"`peer_timeout_secs` is {timeout_secs!r}; expected "
                        "a positive number of seconds, e.g. 120.")
     self._peers = dict(peers)
     self._timeout = timeout_secs
     self._interval = min(interval_secs, timeout_secs / 4)
-    self._on_dead = on_dead or _exit
+    self._on_dead, self._hint = on_dead or _exit, hint
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._watch, daemon=True,
                                     name="peer-watch")
@@ -80,7 +85,10 @@ class PeerWatch:
           continue
         refused[name] = refused[name] + 1 if state == REFUSED else 0
         if self._dead(last_seen[name], refused[name], start):
-          self._gone(name)
+          if last_seen[name] is None:
+            self._never_came(name)
+          else:
+            self._gone(name)
           return
 
   def _dead(self, last_seen, refusals: int, start: float) -> bool:
@@ -95,6 +103,12 @@ class PeerWatch:
                   "died or never started; this task ends. Restart every "
                   "task of the job: training resumes from the chief's last "
                   "checkpoint.")
+
+  def _never_came(self, name: str) -> None:
+    self._on_dead(f"task {name} ({self._peers[name]}) does not answer, and "
+                  f"has not since this task started {self._timeout:g} s ago "
+                  "(--peer_timeout_secs): it was never started, or its "
+                  f"address is wrong; this task ends. {self._hint}".strip())
 
 
 def probe(address: str, timeout_secs: float) -> str:
@@ -113,6 +127,4 @@ def probe(address: str, timeout_secs: float) -> str:
 
 def _exit(message: str) -> None:
   logging.error("%s", message)
-  sys.stderr.flush()
-  sys.stdout.flush()
-  os._exit(1)  # pylint: disable=protected-access
+  process_exit.exit_now(1)

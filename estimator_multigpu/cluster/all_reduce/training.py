@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from estimator_multigpu import collectives
 from estimator_multigpu import compat
+from estimator_multigpu.cluster import source as source_lib
 from estimator_multigpu.cluster.all_reduce import guard as guard_lib
 from estimator_multigpu.cluster.all_reduce import heartbeat
 from estimator_multigpu.cluster.all_reduce import peer_probe
@@ -73,7 +74,8 @@ def run_task(estimator: tf.estimator.Estimator,
              setting_names: Optional[dict] = None,
              stop_received: Optional[Callable[[], Optional[int]]] = None,
              on_stop: Callable[[int], None] = lambda number: None,
-             grace_secs: float = 30.0) -> Any:
+             grace_secs: float = 30.0,
+             source: Optional[source_lib.Source] = None) -> Any:
   """Starts this all-reduce task's server, then `train(hooks)` under a
   `PeerWatch` and a `guard.JobGuard`; returns what `train` returned
   (None when the chief has nothing left to train).
@@ -94,6 +96,8 @@ def run_task(estimator: tf.estimator.Estimator,
     on_stop: called with the signal when the job stopped so (this task's
       one line is logged).
     grace_secs: how long after a stop signal the task may take to end.
+    source: where the cluster came from (`cluster.source`), for the lines;
+      default: the launcher if it started this process, else TF_CONFIG.
 
   Raises:
     ValueError: the Estimator's RunConfig (TF_CONFIG) is no all-reduce
@@ -107,16 +111,17 @@ def run_task(estimator: tf.estimator.Estimator,
         "with a chief, workers and no ps; got task "
         f"{estimator.config.task_type!r} of {estimator.config.cluster_spec}.")
   collectives.restart_keys()  # the same keys on every task.
+  source = source or source_lib.detect()
   server = start_server(cluster, estimator)
-  logging.info("All-reduce task %s of %d started at %s",
-               cluster.tasks[cluster.position], len(cluster.tasks),
-               server.target)
+  logging.info("All-reduce task %s of %d started at %s (its cluster given "
+               "by %s)", cluster.tasks[cluster.position], len(cluster.tasks),
+               server.target, source)
   guard = guard_lib.JobGuard(cluster, server.target, estimator.model_dir,
                              peer_timeout_secs, names, settings,
-                             setting_names, stop_received)
-  with peer_probe.PeerWatch(peers(cluster, guard.names), peer_timeout_secs,
-                            on_dead=guard.peer_gone) as watch, guard, _current(
-                                guard):
+                             setting_names, stop_received, source.end_hint)
+  with peer_probe.PeerWatch(
+      peers(cluster, guard.names), peer_timeout_secs, on_dead=guard.peer_gone,
+      hint=source.end_hint) as watch, guard, _current(guard):
     guard.watch_stop(grace_secs)
     if not guard.greet(max_steps):
       return None

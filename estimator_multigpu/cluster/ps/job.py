@@ -52,8 +52,9 @@ _SYNC_TOKEN_QUEUE = b"sync_token_q"  # SyncReplicasOptimizer's shared name.
 _PS_DRAIN_SECS = 1.0  # lets the last reporters close their sessions.
 _PS_POLL_SECS = 1.0  # how often a ps looks for trainers' reports.
 
-def wait_for_ps(task: Task, timeout_secs: float) -> None:
-  """Returns once every ps task answers; raises after `timeout_secs`.
+def wait_for_ps(task: Task, timeout_secs: float, hint: str = "") -> None:
+  """Returns once every ps task answers; raises after `timeout_secs` (the
+  message ends with `hint`: where the cluster came from).
 
   Raises:
     TimeoutError: a ps task did not answer in time.
@@ -69,7 +70,7 @@ def wait_for_ps(task: Task, timeout_secs: float) -> None:
             f"{host}, which did not answer. Start the ps tasks (same cluster "
             "addresses, job ps), check that this address and port are right "
             "and reachable from this machine, or wait longer (train.py: "
-            "--ps_wait_secs).")
+            f"--ps_wait_secs). {hint}".strip())
       try:
         with control_session(target, device, lambda: tf.constant(0)) as (
             session, probe):
@@ -259,7 +260,8 @@ def run_trainer(task: Task, train: Callable[[list], Any], *,
                 base_config: Optional[tf1.ConfigProto] = None,
                 ps_wait_secs: float = 120.0,
                 chief_wait_secs: float = 600.0,
-                stop_requested: Callable[[], bool] = lambda: False) -> Any:
+                stop_requested: Callable[[], bool] = lambda: False,
+                hint: str = "") -> Any:
   """Runs the chief or a worker: server, waits, `train(hooks)`, report.
 
   Args:
@@ -274,6 +276,8 @@ def run_trainer(task: Task, train: Callable[[list], Any], *,
       for a chief that has gone away mid-job.
     stop_requested: whether a stop signal arrived (a paused worker then
       stops waiting for its chief).
+    hint: what ends the error of a ps that never came (where the cluster
+      came from, `cluster.source`).
 
   Returns:
     What `train` returned.
@@ -282,7 +286,7 @@ def run_trainer(task: Task, train: Callable[[list], Any], *,
     RuntimeError: the job on these ps tasks has already ended.
   """
   _server = start_server(task, base_config)  # kept alive while training
-  wait_for_ps(task, ps_wait_secs)
+  wait_for_ps(task, ps_wait_secs, hint)
   if job_ended(task, timeout_secs=1.0):
     raise RuntimeError(
         f"{task.device}: the job on ps tasks {', '.join(task.ps_hosts)} has "
