@@ -46,6 +46,14 @@ def gather(x: tf.Tensor, axis: int) -> tuple:
 
 
 def _concat(x: tf.Tensor) -> tf.Tensor:
+  """All-gather along axis 0; other axes of sizes unknown to the graph go
+  through as one flat axis (a collective keeps the shape it first ran with
+  unless only its rows vary: `collectives._key_for_rows`)."""
+  if x.shape.rank is not None and x.shape.rank > 1 and (
+      not x.shape[1:].is_fully_defined()):
+    inner = tf.shape(x)[1:]
+    flat = _concat(tf.reshape(x, [-1]))
+    return tf.reshape(flat, tf.concat([[-1], inner], 0))
   if x.dtype == tf.string:
     raise TypeError(
         f"multi_gpu cannot gather the string tensor {x.name} across the "
