@@ -33,7 +33,8 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               mixed_precision: Optional[str] = None,
               sync_batch_norm: bool = False,
               synchronization: str = "sync",
-              prediction_pad_value: Any = None) -> Any:
+              prediction_pad_value: Any = None,
+              global_batch: bool = False) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
   The global batch that `input_fn` yields is cut into one contiguous shard
@@ -268,6 +269,13 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       a shard's boxes) to the largest across towers, at the end of each
       differing axis: None (0 for numbers, False for booleans, "" for
       strings), one value, or a dict {prediction key: value}.
+    global_batch: True: every op of a tower's forward pass that couples the
+      examples of the batch (an in-batch similarity matrix, a softmax or
+      sort along the batch, `x - tf.reduce_mean(x)`, `tf.py_func`, an op
+      type the package does not know) runs on the global batch; only ops
+      whose batch semantics the package knows stay on the shard
+      (`emg.global_batch_ops(graph)` lists what was rewritten). False
+      (this release's default): every op runs on its shard.
 
   Returns:
     The wrapped `model_fn(features, labels, mode, params, config)`.

@@ -78,6 +78,9 @@ def _true_or_false(name: str, example: str) -> Callable[[Any], bool]:
 _check_sync_batch_norm = _true_or_false(
     "sync_batch_norm", "Pass sync_batch_norm=True to compute batch-norm "
     "moments over the global batch.")
+_check_global_batch = _true_or_false(
+    "global_batch", "Pass global_batch=True to run the ops that couple the "
+    "examples of a batch on the global batch.")
 _check_use_ema_weights = _true_or_false(
     "use_ema_weights", "Pass use_ema_weights=False to evaluate and export "
     "the trained weights rather than their moving average.")
@@ -156,6 +159,7 @@ class Options:
   synchronization: str = _option("sync", _check_synchronization_name)
   prediction_pad_value: prediction_padding.PadValue = _option(
       None, prediction_padding.check_pad_value)
+  global_batch: bool = _option(False, _check_global_batch)
 
   @property
   def groups(self) -> Optional[list]:

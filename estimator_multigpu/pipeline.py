@@ -104,10 +104,11 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       features, labels, plan.num_towers, unsplit=options.unsplit_features,
       require_examples=mode in (ModeKeys.TRAIN, ModeKeys.EVAL))
   plan_lib.log_plan(plan, split, mode)
-  if len(plan.collective_devices) > 1:
+  if options.global_batch and len(plan.collective_devices) > 1:
     split = global_batch.unknown_batch(split)
   graph = _Graph(options, mode, params, config, plan, cluster, split)
   towers = _build_towers(model_fn, graph)
+  specs_lib.check_scalar(towers[0].spec.loss)
   global_batch.log_rewrites(graph.rewrites, mode)
   _combine_readouts(graph, towers)
   spec = (_train_spec(graph, towers) if mode == ModeKeys.TRAIN else
@@ -151,7 +152,8 @@ def _tower_scopes(graph: _Graph, precision) -> list:
 def _global_batch_scopes(graph: _Graph) -> list:
   """With several towers, every op of a tower that couples its shard runs
   on the global batch (`graph.global_batch`)."""
-  if len(graph.plan.collective_devices) == 1:
+  if not graph.options.global_batch or len(
+      graph.plan.collective_devices) == 1:
     return []
   return [global_batch.scope_factory(
       graph.split, graph.shares, graph.options.loss_reduction,

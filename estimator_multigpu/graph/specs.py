@@ -59,6 +59,16 @@ def loss_terms(towers: list, weights: Optional[list] = None) -> list:
           for tower, weight in zip(towers, weights)]
 
 
+def check_scalar(loss) -> None:
+  """Estimator's check, on a tower's loss: a shard's size is unknown to the
+  graph, so a per-example loss of unknown length would pass it."""
+  shape = getattr(loss, "shape", None)
+  if shape is not None and shape.rank and shape.num_elements() != 1:
+    raise ValueError(
+        f"Loss must be scalar, given: {loss}. The model_fn's loss has shape "
+        f"{shape}; reduce it (e.g. tf.reduce_mean) before returning it.")
+
+
 def _weighted(loss: tf.Tensor, weight: Any) -> tf.Tensor:
   if isinstance(weight, float) and weight == 1.0:
     return loss

@@ -150,7 +150,8 @@ def _reconcile_write(write, context: _Context) -> list:
                  for p in peers if p]
   own_copies = all(peers) and any(p.variable is not write.variable
                                   for p in peers)
-  if not _depends_on_shard(value, peer_values, context.shard):
+  if not _depends_on_shard(value, peer_values, context.shard) or (
+      context.analysis.status(write.values[-1]) == tensor_kinds.GLOBAL):
     # The same in every tower, or already the global batch's.
     return [p.op for p in peers] if own_copies else []
   if (write.additive and write.variable not in value and all(peers)

@@ -176,8 +176,9 @@ def test_op_type_sets_are_defined_only_in_dataflow():
   misplaced = []
   for path in sorted(PACKAGE.rglob("*.py")):
     module = path.relative_to(PACKAGE).as_posix()
-    if module == "graph/dataflow.py":
-      continue
+    if module == "graph/dataflow.py" or module.startswith(
+        "graph/global_batch/"):
+      continue  # the op table of batch semantics (contract item 24).
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for name, line in _op_type_collections(tree):
       if (module, name) not in ALLOWED:

@@ -56,6 +56,7 @@ def test_the_defaults_pass_their_checks_unchanged_but_devices():
     ("mixed_precision", "float8", ValueError),
     ("sync_batch_norm", 1, TypeError),
     ("synchronization", "eventually", ValueError),
+    ("global_batch", "yes", TypeError),
 ])
 def test_each_field_check_names_its_option(name, bad, error):
   with pytest.raises(error, match=f"`{name}`"):

@@ -98,6 +98,6 @@ def test_generated_model_fns_train_as_one_device(steps, towers, batch):
                                   labels, 1, session_config)
   got, got_loss = harness.train(
       cases.train_model_fn(loss_of, emg.TowerOptimizer), features, labels, 1,
-      session_config, num_towers=towers)
+      session_config, num_towers=towers, global_batch=True)
   np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
   harness.assert_same_variables(got, want, atol=1e-5)

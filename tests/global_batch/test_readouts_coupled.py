@@ -116,7 +116,7 @@ def _run(model_fn, mode, batch, session_config, towers=None):
   with tf.Graph().as_default():
     tf1.train.get_or_create_global_step()
     fn = model_fn if towers is None else emg.multi_gpu(
-        model_fn, devices=harness.cpu_devices(towers))
+        model_fn, devices=harness.cpu_devices(towers), global_batch=True)
     spec = harness.call(fn, tf.nest.map_structure(tf.constant, features),
                         None if mode == PREDICT else tf.constant(labels),
                         mode, session_config)

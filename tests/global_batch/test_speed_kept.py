@@ -41,7 +41,8 @@ def _net_model_fn(name):
 def _rewrites(model_fn, features, labels, mode, session_config, **options):
   with tf.Graph().as_default() as graph:
     tf1.train.get_or_create_global_step()
-    fn = emg.multi_gpu(model_fn, devices=harness.cpu_devices(2), **options)
+    fn = emg.multi_gpu(model_fn, devices=harness.cpu_devices(2),
+                       global_batch=True, **options)
     harness.call(fn, tf.nest.map_structure(tf.constant, features),
                  tf.constant(labels), mode, session_config)
     return emg.global_batch_ops(graph)

@@ -26,6 +26,6 @@ def test_one_device_variables(name, towers, batch, session_config):
                                   labels, STEPS, session_config)
   got, got_loss = harness.train(
       cases.train_model_fn(loss_of, emg.TowerOptimizer), features, labels,
-      STEPS, session_config, num_towers=towers)
+      STEPS, session_config, num_towers=towers, global_batch=True)
   assert abs(got_loss - want_loss) < 1e-5, (got_loss, want_loss)
   harness.assert_same_variables(got, want)

@@ -362,12 +362,9 @@ def gather_nd(view: OpView):
 
 def where(view: OpView):
   """`tf.where(mask)` of the shard: rows counted by their values."""
-  if len(view.inputs) == 1 and view.kinds[0] == K.rows(0):
+  if view.kinds[0] == K.rows(0):
     return [K.LOCAL]
-  if len(view.inputs) == 1:
-    return K.GLOBALLY
-  from estimator_multigpu.graph.global_batch import table  # noqa: PLC0415
-  return table.elementwise(view)
+  return K.GLOBALLY
 
 
 def tensor_list(view: OpView):

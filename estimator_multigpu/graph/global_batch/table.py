@@ -28,13 +28,16 @@ Cast Ceil CheckNumerics Cos Cosh Digamma Elu EnsureShape Erf Erfc Erfinv Exp
 Expm1 Floor Gelu Identity Inv Invert IsFinite IsInf IsNan LeakyRelu Lgamma
 Log Log1p LogicalNot Ndtri Neg OnesLike PreventGradient Reciprocal Relu
 Relu6 Rint Round Rsqrt Selu Sigmoid Sign Sin Sinh Snapshot Softplus Softsign
-Sqrt Square StopGradient Tan Tanh ZerosLike ClipByValue""".split())
+Sqrt Square StopGradient Tan Tanh ZerosLike ClipByValue AsString
+StringToNumber StringToHashBucketFast StringToHashBucketStrong
+StringToHashBucket StringLength StringLower StringUpper StaticRegexReplace
+RegexReplace Bucketize Substr""".split())
 BINARY = frozenset("""Add AddV2 AddN ApproximateEqual Atan2 BiasAdd BiasAddV1
 BitwiseAnd BitwiseOr BitwiseXor Div DivNoNan Equal FloorDiv FloorMod Greater
 GreaterEqual Igamma Igammac LeftShift Less LessEqual LogicalAnd LogicalOr
 Maximum Minimum Mod Mul MulNoNan NextAfter NotEqual Polygamma Pow RealDiv
 RightShift Select SelectV2 SquaredDifference Sub TruncateDiv TruncateMod
-Xdivy Xlog1py Xlogy Zeta""".split())
+Xdivy Xlog1py Xlogy Zeta LookupTableFindV2 LookupTableFind""".split())
 # Linear in a statistic: the towers' combination commutes with them.
 _PASS = frozenset("Identity Cast StopGradient Snapshot CheckNumerics "
                   "PreventGradient EnsureShape Neg".split())
