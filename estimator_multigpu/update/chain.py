@@ -91,9 +91,35 @@ class UpdateChain:
     for step in self.steps:
       step.prepare(towers)
     updates = [self._transform(update) for update in updates]
-    return [self.strategy.apply(
-        [u for u in updates if u.position == position], self._when(call))
+    return [self._apply([u for u in updates if u.position == position],
+                        call)
             for position, call in enumerate(towers[0].optimizer_calls)]
+
+  def _apply(self, updates: list, call) -> list:
+    """The strategy's apply of one optimizer call's updates, every op it
+    creates after the gradients of every tower (`gradients_ready`)."""
+    when = self._when(call)
+    with tf.control_dependencies([self._gradients_ready(updates)]):
+      return self.strategy.apply(updates, when)
+
+  def _gradients_ready(self, updates: list) -> tf.Operation:
+    """One barrier: an op that runs once every gradient the updates apply
+    (each covering every tower's) is computed.
+
+    An optimizer's apply may create ops with no data edge from the
+    gradient: decoupled weight decay's `var.assign_sub(wd * var)` under
+    the apply's control (tf.contrib's `MomentumWOptimizer`,
+    tensorflow-addons' `SGDW`), Lookahead's pull-back, moving averages. On
+    one device they happen to run after the forward pass; with towers they
+    could run before a tower reads the variable. Built under this barrier,
+    each op of the apply that has no input from the apply gets one control
+    edge (to the barrier), not one per gradient: `TowerOptimizer.
+    compute_gradients` records what an edge per op per dependency costs.
+    """
+    parts = [part for update in updates for grad, _ in update.grads_and_vars
+             if grad is not None for part in _parts(grad)]
+    with tf.device(self.device), tf.control_dependencies(None):
+      return tf.group(*parts, name="gradients_ready")
 
   def _transform(self, update):
     """Every step's transform, in order, on the update's device."""
@@ -119,6 +145,13 @@ class UpdateChain:
     for step in self.steps:
       spec = step.finish(spec, towers, output_dir)
     return spec
+
+
+def _parts(grad) -> list:
+  """The tensors of a gradient (an `IndexedSlices`' values and indices)."""
+  if isinstance(grad, tf.IndexedSlices):
+    return [grad.values, grad.indices]
+  return [grad]
 
 
 def _all(conditions: list) -> Optional[tf.Tensor]:

@@ -47,7 +47,7 @@ class TowerOptimizer(tf1.train.Optimizer):
 
   def __new__(cls, optimizer=None, summarize_gradient_norm: bool = False):
     """A Keras legacy optimizer gets `keras_optimizer.KerasTowerOptimizer`."""
-    if optimizer is None or isinstance(optimizer, tf1.train.Optimizer):
+    if optimizer is None or is_v1_optimizer(optimizer):
       return super().__new__(cls)
     if keras_optimizer.is_legacy_keras(optimizer):
       return keras_optimizer.KerasTowerOptimizer(optimizer,
@@ -59,22 +59,27 @@ class TowerOptimizer(tf1.train.Optimizer):
     """Wraps `optimizer`.
 
     Args:
-      optimizer: the `tf.compat.v1.train.Optimizer` to apply gradients with.
+      optimizer: the `tf.compat.v1.train.Optimizer` to apply gradients with:
+        any subclass, or an object forwarding to one (tf.contrib's
+        `MultitaskOptimizerWrapper`); one that never ran
+        `Optimizer.__init__` (tf.contrib's `MovingAverageOptimizer`) too.
       summarize_gradient_norm: write a `gradient_global_norm` summary of the
         gradients applied (the combined ones, with several towers).
 
     Raises:
       TypeError: `optimizer` is neither a `tf.compat.v1.train.Optimizer`
-        nor a `tf.keras.optimizers.legacy.Optimizer` (a `TowerOptimizer` is
+        (nor has its `compute_gradients` and `apply_gradients`) nor a
+        `tf.keras.optimizers.legacy.Optimizer` (a `TowerOptimizer` is
         unwrapped: wrapping twice is wrapping once).
     """
     if isinstance(optimizer, TowerOptimizer):  # Wrapping twice: once.
       summarize_gradient_norm |= optimizer._summarize_gradient_norm  # pylint: disable=protected-access
       optimizer = optimizer._optimizer  # pylint: disable=protected-access
-    if not isinstance(optimizer, tf1.train.Optimizer):  # None, copy.copy.
+    if not is_v1_optimizer(optimizer):  # None, copy.copy.
       raise TypeError("`TowerOptimizer` wraps an optimizer; got "
                       f"{optimizer!r}.")
-    super().__init__(use_locking=False, name=f"Tower{optimizer.get_name()}")
+    super().__init__(use_locking=False,
+                     name=f"Tower{optimizer_name(optimizer)}")
     self._optimizer = optimizer
     self._summarize_gradient_norm = summarize_gradient_norm
 
@@ -135,7 +140,7 @@ class TowerOptimizer(tf1.train.Optimizer):
           [g for g, _ in grads_and_vars if g is not None]))
     if isinstance(self._optimizer, tf1.train.SyncReplicasOptimizer):
       tf1.add_to_collection(SYNC_REPLICAS_COLLECTION,
-                            self._optimizer.get_name())
+                            optimizer_name(self._optimizer))
     return base.applied_if(apply_if, lambda: self._optimizer.apply_gradients(
         grads_and_vars, global_step, name))
 
@@ -148,6 +153,28 @@ class TowerOptimizer(tf1.train.Optimizer):
   def variables(self):
     return self._optimizer.variables()
 
+
+def is_v1_optimizer(optimizer) -> bool:
+  """A `tf.compat.v1.train.Optimizer`, or an object standing for one: both
+  its `compute_gradients` and `apply_gradients` (tf.contrib's
+  `MultitaskOptimizerWrapper` forwards every attribute to the one it wraps),
+  and not a Keras one."""
+  if isinstance(optimizer, tf1.train.Optimizer):
+    return True
+  if optimizer is None or keras_optimizer.is_keras(optimizer):
+    return False
+  return all(callable(getattr(optimizer, method, None))
+             for method in ("compute_gradients", "apply_gradients"))
+
+
+def optimizer_name(optimizer) -> str:
+  """`optimizer.get_name()`; its class's name for a wrapper that never ran
+  `Optimizer.__init__` (tf.contrib's `MovingAverageOptimizer` has no
+  `_name`)."""
+  try:
+    return optimizer.get_name()
+  except AttributeError:
+    return type(optimizer).__name__.lstrip("_")
 
 
 def _tower_var_list(tower, var_list):

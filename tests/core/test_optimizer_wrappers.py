@@ -326,3 +326,41 @@ def _ancestors(op):
         seen.add(parent)
         stack.append(parent)
   return seen
+
+
+def test_a_subclass_of_a_non_legacy_keras_optimizer_names_the_legacy_one():
+  """tensorflow-addons' optimizers derive from Keras ones: refused as Keras,
+  not taken for a forwarding object (they have both methods)."""
+
+  class AddonsAdamW(tf.keras.optimizers.Adam):
+    pass
+
+  with pytest.raises(TypeError, match=r"non-legacy Keras optimizer .*"
+                     r"AddonsAdamW.*tf\.keras\.optimizers\.legacy\.Adam"):
+    emg.TowerOptimizer(AddonsAdamW())
+
+
+REPLICATED_WRAPPERS = {
+    "moving_average": lambda: ContribMovingAverage(
+        tf1.train.MomentumOptimizer(LR, MOMENTUM)),
+    "forwarding": lambda: ForwardingWrapper(
+        tf1.train.MomentumOptimizer(LR, MOMENTUM)),
+    "lookahead": lambda: Lookahead(tf1.train.MomentumOptimizer(LR, MOMENTUM)),
+}
+
+
+@pytest.mark.parametrize("wrapper", sorted(REPLICATED_WRAPPERS))
+def test_wrappers_with_a_copy_per_tower(session_config, wrapper):
+  """variable_update="replicated": every tower applies with its own copy of
+  the wrapper and of the optimizer inside it (fresh state each)."""
+  _assert_exact(model_fn_for(REPLICATED_WRAPPERS[wrapper]), 3, session_config,
+                variable_update="replicated")
+
+
+def test_decoupled_weight_decay_with_a_copy_per_tower(session_config):
+  got = _assert_exact(
+      model_fn_for(lambda: ContribMomentumW(LR, MOMENTUM)), 2, session_config,
+      reference_fn=model_fn_for(lambda: ContribMomentumWAfterGradient(
+          LR, MOMENTUM)), variable_update="replicated")
+  np.testing.assert_allclose(got["w1"], numpy_momentum_with_decay(STEPS)["w1"],
+                             atol=1e-5)
