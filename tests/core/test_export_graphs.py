@@ -121,7 +121,9 @@ def _load_and_run(path, mode):
                     if not k.endswith("update_op")}, feed)
     if mode == ModeKeys.TRAIN:
       s.run(graph.get_collection(tf1.GraphKeys.TRAIN_OP), feed)
-      values["w_after"], values["b_after"] = s.run(["w:0", "b:0"])
+      variables = {v.op.name: v for v in tf1.global_variables()}
+      values["w_after"], values["b_after"] = s.run([variables["w"],
+                                                    variables["b"]])
   return values
 
 
