@@ -55,6 +55,9 @@ INTERNALS = {
     "losses_util": Internal(_TF + "ops.losses.util",
                             ("add_loss", "get_regularization_losses"),
                             "tf.compat.v1.losses over the global batch"),
+    "checkpoint_utils": Internal(
+        _TF + "training.checkpoint_utils", ("_init_from_checkpoint",),
+        "init_from_checkpoint restores in tower 0, as on one device"),
     "variable_scope": Internal(
         _TF + "ops.variable_scope",
         ("_get_default_variable_store", "get_variable_scope_store"),

@@ -30,6 +30,7 @@ import tensorflow as tf
 from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import global_calls
+from estimator_multigpu.graph import warm_starts
 
 function_utils = compat.internal("function_utils")
 
@@ -43,8 +44,9 @@ def call_model_fn(model_fn, features, labels, mode, params, config):
   kwargs = {name: value for name, value in
             (("params", params), ("config", config), ("mode", mode))
             if name in accepted}
-  spec = model_fn(features, labels, **kwargs) if "labels" in accepted else (
-      model_fn(features, **kwargs))
+  with warm_starts.scope():
+    spec = model_fn(features, labels, **kwargs) if "labels" in accepted else (
+        model_fn(features, **kwargs))
   if hasattr(spec, "as_estimator_spec"):  # TPUEstimatorSpec (Google BERT).
     spec = _host_calls_once(spec).as_estimator_spec()
   if not isinstance(spec, tf.estimator.EstimatorSpec):
