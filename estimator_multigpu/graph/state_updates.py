@@ -152,7 +152,10 @@ def _reconcile_write(write, context: _Context) -> list:
                                   for p in peers)
   if not _depends_on_shard(value, peer_values, context.shard):
     # The same in every tower, or already the global batch's.
-    return [p.op for p in peers] if own_copies else []
+    if not own_copies:
+      return []
+    _same_checkpoint(value, peer_values)
+    return [p.op for p in peers]
   if (write.additive and write.variable not in value and all(peers)
       and not own_copies and _sums_examples(write, context.analysis)):
     logging.info("multi_gpu: `%s` is updated with the step (%s): every "
@@ -161,6 +164,23 @@ def _reconcile_write(write, context: _Context) -> list:
     return [p.op for p in peers]
   _warn(write, _how(write, context))
   return []
+
+
+_RESTORES = frozenset({"RestoreV2", "Restore", "RestoreSlice"})
+
+
+def _same_checkpoint(value: set, peer_values: list) -> None:
+  """A checkpoint restore of tower 0's variable (`Saver.restore` in a
+  Scaffold `init_fn`): the towers' restores of their copies read the file
+  tower 0's reads, the one fed to tower 0's Saver (theirs, never fed, would
+  read their Saver's default name)."""
+  mine = [op for op in value if op.type in _RESTORES]
+  if not mine:
+    return
+  prefix = mine[0].inputs[0]
+  for op in {op for ops in peer_values for op in ops if op.type in _RESTORES}:
+    if op.inputs[0] is not prefix:
+      compat.private(op, "_update_input")(0, prefix)
 
 
 def _sums_examples(write, analysis: tensor_kinds.ShardAnalysis) -> bool:
