@@ -64,6 +64,9 @@ INTERNALS = {
         "towers reuse tower 0's variables"),
     "nest": Internal(_TF + "util.nest", ("flatten_with_joined_string_paths",),
                      "make_parallel names its inputs"),
+    "tensor_util": Internal(
+        _TF + "framework.tensor_util", ("try_evaluate_constant",),
+        "a count of the shard TensorFlow folded (readouts' ratios)"),
     "tensor": Internal(_TF + "framework.tensor", ("Tensor",),
                        "fast tf-slim layer builds (tensor equality)"),
     "ref_variable": Internal(_TF + "ops.ref_variable", ("RefVariable",),
