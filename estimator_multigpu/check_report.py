@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -43,6 +43,8 @@ class Run:
   readouts: dict = dataclasses.field(default_factory=dict)
   noisy: list = dataclasses.field(default_factory=list)
   state: list = dataclasses.field(default_factory=list)
+  # mode -> why one device could not read it (the mode is not compared).
+  not_compared: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -52,14 +54,18 @@ class TowerCheck:
   Attributes:
     ok: every shared variable, and everything the user reads, agrees
       within the tolerance.
-    worst: (name, max abs difference), largest first; a name is a
-      variable, `eval/<metric>`, `predict/<key>`, `summary/<tag>` or
-      `hook/<Hook>.<key>` (`check_readouts`); one the one device has and
-      the towers lack (or hold in another shape) counts as inf.
+    worst: (name, max abs difference): what differs beyond the tolerance
+      first, the variables before the readouts, then the rest; each part
+      largest first. A name is a variable, `eval/<metric>`,
+      `predict/<key>`, `summary/<tag>` or `hook/<Hook>.<key>`
+      (`check_readouts`); one the one device has and the towers lack (or
+      hold in another shape) counts as inf.
     devices: the towers' devices.
     steps: training steps compared.
     loss_one_device, loss_towers: the first step's loss of each.
     causes: (likely cause, fix) pairs when not `ok`.
+    not_compared: mode ("eval", "predict") -> why one device could not
+      build or run it on these inputs, so it is not compared.
   """
   ok: bool
   worst: list
@@ -68,40 +74,65 @@ class TowerCheck:
   loss_one_device: float
   loss_towers: float
   causes: list = dataclasses.field(default_factory=list)
+  not_compared: dict = dataclasses.field(default_factory=dict)
 
   def __str__(self) -> str:
     where = (f"{len(self.devices)} towers ({', '.join(self.devices)}), "
              f"{self.steps} step{'s' if self.steps > 1 else ''}")
     largest = ", ".join(f"{name} {diff:.2g}" for name, diff in self.worst[:3])
+    skipped = [f"{mode} not compared: one device cannot run it on these "
+               f"inputs ({why})" for mode, why in self.not_compared.items()]
     if self.ok:
-      return (f"check_towers: OK: {where}: {len(self.worst)} variables and "
-              f"readouts match one device (largest differences: {largest or 'none'}).")
+      return "\n".join([
+          f"check_towers: OK: {where}: {len(self.worst)} variables and "
+          f"readouts match one device (largest differences: "
+          f"{largest or 'none'})."] + skipped)
     lines = [f"check_towers: MISMATCH: {where}: the towers differ from one "
              f"device (largest differences: {largest}); first-step loss "
              f"{self.loss_one_device:.6g} on one device, "
              f"{self.loss_towers:.6g} on the towers."]
     lines += [f"Likely cause: {cause}. Fix: {fix}." for cause, fix in
               self.causes]
-    return "\n".join(lines)
+    return "\n".join(lines + skipped)
 
 
 def compare(reference: Run, towers: Run, devices: list, steps: int,
-            tolerance: float, options: dict,
-            retry: Callable[..., bool]) -> TowerCheck:
+            tolerance: float, options: dict, retry: Callable[..., bool],
+            accumulating: Optional[Callable[..., bool]] = None
+            ) -> TowerCheck:
   """What one device's run and the towers' show; when they differ, the
   likely causes (`retry(**change)`: the towers are exact with that change
-  of `options`, the `multi_gpu` options of the check)."""
+  of `options`, the `multi_gpu` options of the check; `accumulating(
+  **change)`, with `accumulate_steps`: they equal one tower accumulating)."""
   expected = dict(reference.final, **reference.readouts)
   worst = differences(expected, dict(towers.final, **towers.readouts))
+  differing = beyond(worst, expected, tolerance)
   check = TowerCheck(
-      within(worst, expected, tolerance) and not towers.noisy, worst,
-      devices, steps, reference.first_loss, towers.first_loss)
+      not differing and not towers.noisy,
+      _variables_first(worst, differing, reference.final), devices, steps,
+      reference.first_loss, towers.first_loss,
+      not_compared=dict(reference.not_compared))
   if not check.ok:
-    differing = beyond(worst, expected, tolerance)
     check.causes = (check_readouts.causes(differing) if not any(
         name in reference.final for name in differing) else
-                    causes(reference, towers, options, retry))
+                    causes(reference, towers, options, retry, accumulating))
   return check
+
+
+def _variables_first(worst: list, differing: list, variables: dict) -> list:
+  """`worst` (largest first) with what differs first, variables before
+  readouts: a verdict leads with the largest variable difference."""
+  beyond_set = set(differing)
+  rank = lambda name: (0 if name in variables else 1) if (  # noqa: E731
+      name in beyond_set) else 2
+  return sorted(worst, key=lambda pair: rank(pair[0]))  # stable: by size.
+
+
+def first_line(error: BaseException) -> str:
+  """`Type: the first line of its message` (a TensorFlow error's op
+  traceback left out), at most 200 characters."""
+  message = str(getattr(error, "message", "") or error).strip()
+  return f"{type(error).__name__}: {message.splitlines()[0] if message else ''}"[:200]
 
 
 def beyond(worst: list, reference: dict, tolerance: float) -> list:
@@ -140,8 +171,13 @@ def _magnitude(value) -> float:
 
 
 def causes(reference: Run, towers: Run, options: dict,
-           retry: Callable[..., bool]) -> list:
+           retry: Callable[..., bool],
+           accumulating: Optional[Callable[..., bool]] = None) -> list:
   """The likely causes of a mismatch, each with its fix."""
+  if accumulating is not None:
+    own = _accumulation_causes(options, accumulating)
+    if own:
+      return own
   causes = []
   if towers.transformed:
     causes.append((
@@ -151,9 +187,7 @@ def causes(reference: Run, towers: Run, options: dict,
         "clip_gradients_by_norm=<the same norm>)"))
   causes += _structural_causes(towers)
   if not options.get("sync_batch_norm") and retry(sync_batch_norm=True):
-    causes.append((
-        "batch norm normalizes each tower's shard with its own statistics",
-        "pass multi_gpu(..., sync_batch_norm=True)"))
+    causes.append(_BATCH_NORM_PER_TOWER)
   if (options.get("loss_reduction", "mean") == "mean" and
       retry(loss_reduction="sum")):
     causes.append((
@@ -165,6 +199,35 @@ def causes(reference: Run, towers: Run, options: dict,
                            rtol=1e-5, atol=1e-6)
     causes.append(_GRADIENTS if same_loss else _COUPLED)
   return causes
+
+
+_BATCH_NORM_PER_TOWER = (
+    "batch norm normalizes each tower's shard with its own statistics",
+    "pass multi_gpu(..., sync_batch_norm=True)")
+
+
+def _accumulation_causes(options: dict, accumulating: Callable) -> list:
+  """With `accumulate_steps`: the towers equal one tower accumulating (with
+  synchronized batch norm, if that is what it takes), so what differs from
+  one device on the batches concatenated is accumulation's own."""
+  if accumulating():
+    return [_micro_batches(options["accumulate_steps"])]
+  if not options.get("sync_batch_norm") and accumulating(sync_batch_norm=True):
+    return [_BATCH_NORM_PER_TOWER,
+            _micro_batches(options["accumulate_steps"])]
+  return []
+
+
+def _micro_batches(steps: int) -> tuple:
+  return (
+      f"with accumulate_steps={steps} every micro-batch is its own batch for "
+      "batch statistics: batch norm normalizes each micro-batch with its own "
+      "statistics, where this check's one-device reference normalizes the "
+      f"{steps} batches concatenated; the towers train exactly like one "
+      f"device accumulating {steps} micro-batches",
+      "nothing to fix in the towers; to compare them with one device on the "
+      "concatenated batches, check with accumulate_steps=1 (or normalize "
+      "without batch statistics: layer or group norm)")
 
 
 def _structural_causes(towers: Run) -> list:

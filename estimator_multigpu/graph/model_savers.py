@@ -23,7 +23,9 @@ created after it:
   it as the Saver names it (`pretrained/w/Momentum`).
 
 A dict `var_list` gets `{name: variable}` entries. A Scaffold's own
-`init_op` built in the model_fn also initializes the later variables.
+`init_op` built in the model_fn also initializes the later variables, and
+its own `local_init_op` the later local variables (replicated copies, the
+towers' metric state) and lookup tables (towers 1..'s tables).
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ def complete(spec: tf.estimator.EstimatorSpec) -> tf.estimator.EstimatorSpec:
   created after them."""
   savers = tf1.get_collection_ref(tf1.GraphKeys.SAVERS)
   scaffold = spec.scaffold
-  own = scaffold is not None and (scaffold.saver is not None or
-                                  scaffold.init_op is not None)
+  own = scaffold is not None and any(
+      field is not None for field in (scaffold.saver, scaffold.init_op,
+                                      scaffold.local_init_op))
   if not savers and not own:
     return spec
   order = _creation_order()
@@ -57,6 +60,7 @@ def complete(spec: tf.estimator.EstimatorSpec) -> tf.estimator.EstimatorSpec:
     saver = replaced.get(id(saver)) or _completed_saver(saver, order)
   return spec._replace(scaffold=tf1.train.Scaffold(
       saver=saver, init_op=_completed_init_op(scaffold.init_op, order),
+      local_init_op=_completed_local_init_op(scaffold.local_init_op, order),
       copy_from_scaffold=scaffold))
 
 
@@ -66,10 +70,11 @@ def _creation_order() -> dict:
           enumerate(tf1.get_default_graph().get_operations())}
 
 
-def _later_variables(op: Any, order: dict) -> list:
-  """The global variables created after `op`."""
+def _later_variables(op: Any, order: dict, local: bool = False) -> list:
+  """The global (`local`: local) variables created after `op`."""
   position = order.get(op, len(order))
-  return [v for v in tf1.global_variables() if order.get(v.op, -1) > position]
+  variables = tf1.local_variables() if local else tf1.global_variables()
+  return [v for v in variables if order.get(v.op, -1) > position]
 
 
 def _completed_saver(saver: tf1.train.Saver, order: dict) -> tf1.train.Saver:
@@ -154,3 +159,20 @@ def _completed_init_op(init_op: Any, order: dict) -> Any:
     return init_op
   return tf.group(init_op, tf1.variables_initializer(later),
                   name="init_op_with_later_variables")
+
+
+def _completed_local_init_op(local_init_op: Any, order: dict) -> Any:
+  """`local_init_op`, grouped with what towers 1.. (and the package) made
+  after it: the initializers of later local variables (replicated copies,
+  metric state) and of later lookup tables (TABLE_INITIALIZERS)."""
+  if local_init_op is None:
+    return None
+  op = getattr(local_init_op, "op", local_init_op)
+  position = order.get(op, len(order))
+  tables = [t for t in tf1.get_collection(tf1.GraphKeys.TABLE_INITIALIZERS)
+            if order.get(getattr(t, "op", t), -1) > position]
+  later = _later_variables(op, order, local=True)
+  if not tables and not later:
+    return local_init_op
+  return tf.group(local_init_op, tf1.variables_initializer(later), *tables,
+                  name="local_init_op_with_later_ones")

@@ -135,11 +135,16 @@ def tables_fn(features, labels, mode):
   pred = tf.matmul(features, w) * table.lookup(ids)
   scaffold = tf1.train.Scaffold(local_init_op=tf.group(
       tf1.local_variables_initializer(), tf1.tables_initializer()))
+  if mode == tf.estimator.ModeKeys.PREDICT:
+    return tf.estimator.EstimatorSpec(mode, predictions=pred,
+                                      scaffold=scaffold)
   loss = tf.reduce_mean(tf.square(pred - labels))
+  metrics = {"mse": tf1.metrics.mean_squared_error(labels, pred)}
+  scaffold = tf1.train.Scaffold(local_init_op=tf.group(
+      tf1.local_variables_initializer(), tf1.tables_initializer()))
   return tf.estimator.EstimatorSpec(
       mode, loss=loss, train_op=_train_op(loss), predictions=pred,
-      eval_metric_ops={"mse": tf1.metrics.mean_squared_error(labels, pred)},
-      scaffold=scaffold)
+      eval_metric_ops=metrics, scaffold=scaffold)
 
 
 def test_lookup_tables_in_local_init_op_in_every_mode():
