@@ -54,12 +54,14 @@ class TowerCheck:
   Attributes:
     ok: every shared variable, and everything the user reads, agrees
       within the tolerance.
-    worst: (name, max abs difference): what differs beyond the tolerance
-      first, the variables before the readouts, then the rest; each part
-      largest first. A name is a variable, `eval/<metric>`,
-      `predict/<key>`, `summary/<tag>` or `hook/<Hook>.<key>`
-      (`check_readouts`); one the one device has and the towers lack (or
-      hold in another shape) counts as inf.
+    worst: (name, max abs difference), largest first. A name is a
+      variable, `eval/<metric>`, `predict/<key>`, `summary/<tag>` or
+      `hook/<Hook>.<key>` (`check_readouts`); one the one device has and
+      the towers lack (or hold in another shape) counts as inf. When a
+      variable differs beyond the tolerance, `worst` holds the variables
+      only (the verdict leads with the largest of them) and `readouts`
+      tells what the user reads.
+    readouts: the readouts' (name, max abs difference), largest first.
     devices: the towers' devices.
     steps: training steps compared.
     loss_one_device, loss_towers: the first step's loss of each.
@@ -75,6 +77,7 @@ class TowerCheck:
   loss_towers: float
   causes: list = dataclasses.field(default_factory=list)
   not_compared: dict = dataclasses.field(default_factory=dict)
+  readouts: list = dataclasses.field(default_factory=list)
 
   def __str__(self) -> str:
     where = (f"{len(self.devices)} towers ({', '.join(self.devices)}), "
@@ -91,6 +94,10 @@ class TowerCheck:
              f"device (largest differences: {largest}); first-step loss "
              f"{self.loss_one_device:.6g} on one device, "
              f"{self.loss_towers:.6g} on the towers."]
+    read = [pair for pair in self.readouts if pair not in self.worst][:3]
+    if read:
+      lines.append("What the user reads differs too: " + ", ".join(
+          f"{name} {diff:.2g}" for name, diff in read) + ".")
     lines += [f"Likely cause: {cause}. Fix: {fix}." for cause, fix in
               self.causes]
     return "\n".join(lines + skipped)
@@ -107,25 +114,17 @@ def compare(reference: Run, towers: Run, devices: list, steps: int,
   expected = dict(reference.final, **reference.readouts)
   worst = differences(expected, dict(towers.final, **towers.readouts))
   differing = beyond(worst, expected, tolerance)
+  variables_differ = any(name in reference.final for name in differing)
   check = TowerCheck(
       not differing and not towers.noisy,
-      _variables_first(worst, differing, reference.final), devices, steps,
-      reference.first_loss, towers.first_loss,
-      not_compared=dict(reference.not_compared))
+      [pair for pair in worst if pair[0] in reference.final or
+       not variables_differ], devices, steps, reference.first_loss,
+      towers.first_loss, not_compared=dict(reference.not_compared),
+      readouts=[pair for pair in worst if pair[0] not in reference.final])
   if not check.ok:
-    check.causes = (check_readouts.causes(differing) if not any(
-        name in reference.final for name in differing) else
-                    causes(reference, towers, options, retry, accumulating))
+    check.causes = (causes(reference, towers, options, retry, accumulating)
+                    if variables_differ else check_readouts.causes(differing))
   return check
-
-
-def _variables_first(worst: list, differing: list, variables: dict) -> list:
-  """`worst` (largest first) with what differs first, variables before
-  readouts: a verdict leads with the largest variable difference."""
-  beyond_set = set(differing)
-  rank = lambda name: (0 if name in variables else 1) if (  # noqa: E731
-      name in beyond_set) else 2
-  return sorted(worst, key=lambda pair: rank(pair[0]))  # stable: by size.
 
 
 def first_line(error: BaseException) -> str:

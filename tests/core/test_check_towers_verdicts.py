@@ -6,8 +6,8 @@
   device cannot run on the training inputs (a ranker whose PREDICT graph
   scores single examples) is not compared, and the report says so.
 - A real difference leads with the largest variable difference, however
-  large a summary's is (`worst`: what differs beyond the tolerance,
-  variables first, each largest first).
+  large a summary's is: `worst` then holds the variables (largest first),
+  `readouts` what the user reads, and the message says both.
 - Lookup tables in the Scaffold's `local_init_op`, and a warm start by
   `Saver.restore` in a Scaffold `init_fn` under replicated variables, run.
 - The cause named is the real one: with `accumulate_steps` each micro-batch
@@ -119,11 +119,13 @@ def test_the_verdict_leads_with_the_largest_variable_difference():
   report = emg.check_towers(num_matches_fn, _input_fn, harness.cpu_devices(2),
                             modes=())
   assert not report.ok
-  names = [name for name, _ in report.worst]
-  assert names[0] == "w", report.worst
-  summary = dict(report.worst)["summary/localization_loss"]
-  assert summary > report.worst[0][1] > 1e-4
-  assert str(report).split("largest differences: ")[1].startswith("w ")
+  assert [name for name, _ in report.worst] == ["w", "global_step"]
+  assert report.worst[0][1] > 1e-4
+  summary = dict(report.readouts)["summary/localization_loss"]
+  assert summary > report.worst[0][1]
+  text = str(report)
+  assert text.split("largest differences: ")[1].startswith("w ")
+  assert "What the user reads differs too: summary/localization_loss" in text
 
 
 def tables_fn(features, labels, mode):
