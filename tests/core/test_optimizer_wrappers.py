@@ -364,3 +364,75 @@ def test_decoupled_weight_decay_with_a_copy_per_tower(session_config):
           LR, MOMENTUM)), variable_update="replicated")
   np.testing.assert_allclose(got["w1"], numpy_momentum_with_decay(STEPS)["w1"],
                              atol=1e-5)
+
+
+# ------------------------------------- transforms inside compute_gradients
+TRUST = 0.01  # LARS' eta.
+
+
+def _trust_ratio(grad, var):
+  """LARS' layer-wise trust ratio eta * ||w|| / ||g||: nonlinear in g."""
+  return grad * TRUST * tf.norm(var) / (tf.norm(grad) + 1e-9)
+
+
+class TrustRatioSubclass(tf1.train.MomentumOptimizer):
+  """A LARS written in compute_gradients (the subclass spelling)."""
+
+  def compute_gradients(self, loss, var_list=None, **kwargs):
+    return [(None if g is None else _trust_ratio(g, v), v)
+            for g, v in super().compute_gradients(loss, var_list, **kwargs)]
+
+
+class TrustRatioWrapper(ForwardingWrapper):
+  """The same in a wrapper's compute_gradients (the wrapper spelling)."""
+
+  def compute_gradients(self, loss, var_list=None, **kwargs):
+    return [(None if g is None else _trust_ratio(g, v), v)
+            for g, v in self._opt.compute_gradients(loss, var_list, **kwargs)]
+
+
+class TrustRatioInApply(tf1.train.MomentumOptimizer):
+  """LARS as tf.contrib.opt.LARSOptimizer writes it: in the apply, which
+  TowerOptimizer runs once on the combined gradient."""
+
+  def _resource_apply_dense(self, grad, var):
+    return super()._resource_apply_dense(_trust_ratio(grad, var), var)
+
+
+class VariableScaleSubclass(tf1.train.MomentumOptimizer):
+  """A scale in compute_gradients that depends on the variables only."""
+
+  def compute_gradients(self, loss, var_list=None, **kwargs):
+    return [(None if g is None else g * (1.0 + tf.reduce_mean(v)), v)
+            for g, v in super().compute_gradients(loss, var_list, **kwargs)]
+
+
+@pytest.mark.parametrize("num_towers", TOWERS)
+@pytest.mark.parametrize("make", [
+    lambda: TrustRatioSubclass(LR, MOMENTUM),
+    lambda: TrustRatioWrapper(tf1.train.MomentumOptimizer(LR, MOMENTUM))],
+                         ids=["subclass", "wrapper"])
+def test_a_transform_nonlinear_in_the_gradient_is_a_clear_error(
+    session_config, make, num_towers):
+  name = type(make()).__name__
+  with pytest.raises(ValueError, match=rf"{name}\.compute_gradients.*"
+                     r"nonlinear.*_apply_dense"):
+    harness.train(model_fn_for(make), X, Y, 1, session_config,
+                  num_towers=num_towers)
+
+
+def test_the_same_transform_on_one_tower_is_the_optimizer_itself(
+    session_config):
+  make = lambda: TrustRatioSubclass(LR, MOMENTUM)  # noqa: E731
+  want, _ = harness.train(model_fn_for(make), X, Y, STEPS, session_config)
+  got, _ = harness.train(model_fn_for(make), X, Y, STEPS, session_config,
+                         num_towers=1)
+  harness.assert_same_variables(got, want)
+
+
+@pytest.mark.parametrize("num_towers", TOWERS)
+@pytest.mark.parametrize("make", [
+    lambda: TrustRatioInApply(LR, MOMENTUM),
+    lambda: VariableScaleSubclass(LR, MOMENTUM)], ids=["apply", "scale"])
+def test_transforms_one_device_makes_too(session_config, make, num_towers):
+  _assert_exact(model_fn_for(make), num_towers, session_config)
