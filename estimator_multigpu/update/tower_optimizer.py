@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.strategies import base
+from estimator_multigpu.update import clipping
 from estimator_multigpu.update import keras_optimizer
 from estimator_multigpu.update import recording
 
@@ -108,8 +109,11 @@ class TowerOptimizer(tf1.train.Optimizer):
       return self._optimizer.compute_gradients(loss, var_list, **kwargs)
     var_list = _tower_var_list(tower, var_list)
     kwargs["colocate_gradients_with_ops"] = True
-    return recording.tower_gradients(tower, loss, lambda scaled: (
+    grads_and_vars = recording.tower_gradients(tower, loss, lambda scaled: (
         self._optimizer.compute_gradients(scaled, var_list, **kwargs)))
+    if tower.num_towers > 1:
+      _refuse_nonlinear(self._optimizer, grads_and_vars)
+    return grads_and_vars
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Records the tower's gradients, weighted; outside a tower, applies them.
@@ -152,6 +156,31 @@ class TowerOptimizer(tf1.train.Optimizer):
 
   def variables(self):
     return self._optimizer.variables()
+
+
+def _refuse_nonlinear(optimizer, grads_and_vars: list) -> None:
+  """The wrapped optimizer's `compute_gradients` may scale the gradients
+  linearly (a loss scale, a factor of the variables), not transform them
+  with a function of their values (a LARS trust ratio over ||g||, a clip):
+  each tower's would be transformed, not the global batch's.
+
+  Raises:
+    ValueError: it does, naming the optimizer's class and the fix.
+  """
+  transformed = clipping.find_transformed(grads_and_vars)
+  if transformed:
+    name = type(optimizer).__name__
+    raise ValueError(
+        f"{name}.compute_gradients transforms the gradients nonlinearly (of "
+        f"{', '.join(transformed[:3])}{' ...' if len(transformed) > 3 else ''}"
+        ": a norm of the gradients, as in a LARS trust ratio, a clip, or "
+        "another function of their values). With several towers it is "
+        "called on each tower's gradient, so each would be transformed "
+        "alone, where one device transforms the gradient of the whole "
+        f"batch. Move the transform into {name}'s apply (_apply_dense / "
+        "_resource_apply_dense, as tf.contrib.opt.LARSOptimizer does): "
+        "TowerOptimizer applies once, on the combined gradients. To clip, "
+        "pass multi_gpu(clip_gradients_by_norm=...).")
 
 
 def is_v1_optimizer(optimizer) -> bool:
