@@ -220,10 +220,12 @@ def _accumulation_causes(options: dict, accumulating: Callable) -> list:
 def _micro_batches(steps: int) -> tuple:
   return (
       f"with accumulate_steps={steps} every micro-batch is its own batch for "
-      "batch statistics: batch norm normalizes each micro-batch with its own "
-      "statistics, where this check's one-device reference normalizes the "
-      f"{steps} batches concatenated; the towers train exactly like one "
-      f"device accumulating {steps} micro-batches",
+      "what is computed over the batch (batch norm normalizes each "
+      "micro-batch with its own statistics, a loss divided by a count of "
+      "the batch divides by the micro-batch's), where this check's "
+      f"one-device reference computes it over the {steps} batches "
+      "concatenated; the towers train exactly like one device accumulating "
+      f"{steps} micro-batches",
       "nothing to fix in the towers; to compare them with one device on the "
       "concatenated batches, check with accumulate_steps=1 (or normalize "
       "without batch statistics: layer or group norm)")
