@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import runnable
 from estimator_multigpu.graph import shard_statistics
 from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import warn_once
@@ -69,7 +70,9 @@ def reconcile(towers: list, shard: Iterable,
   skip = _not_the_model_fns(tower0)
   outside = (set(context.tower_ops.get(0, ())) - updating - reached -
              _initializers())
-  outside -= _run_by_nothing(outside, tower0)
+  outside -= runnable.run_by_nothing(
+      [op for op in outside if writes_lib.writes_of(op)], tower0.spec,
+      tower0.collections)
   for op in sorted(reached | outside, key=lambda o: o.name):
     for write in writes_lib.writes_of(op):
       if write.variable not in skip:
@@ -101,65 +104,6 @@ def _not_the_model_fns(tower0) -> set:
   return {writes_lib.variable_of(v.op.outputs[0]) or v.op
           for v in ([step] if step is not None else []) + metrics
           if hasattr(v, "op")}
-
-
-_FORWARD_LIMIT = 4000  # ops visited per write before assuming it may run.
-
-
-def _run_by_nothing(ops: set, tower0) -> set:
-  """The writes among `ops` that nothing can run: no op the spec, a hook
-  of it or a graph collection holds reads them or waits on them, however
-  indirectly (a Keras layer's `updates` the model_fn left alone)."""
-  writes = [op for op in ops if writes_lib.writes_of(op)]
-  if not writes:
-    return set()
-  graph = writes[0].graph
-  waiting: dict = {}
-  for op in graph.get_operations():
-    for control in op.control_inputs:
-      waiting.setdefault(control, []).append(op)
-  held = _held_ops(graph, tower0)
-  return {op for op in writes if not _reaches(op, held, waiting)}
-
-
-def _reaches(op, held: set, waiting: dict) -> bool:
-  """Whether an op of `held` reads `op` or waits on it (or may: the walk
-  gave up)."""
-  seen, stack = {op}, [op]
-  while stack:
-    current = stack.pop()
-    if current in held or len(seen) > _FORWARD_LIMIT:
-      return True
-    for after in [c for t in current.outputs for c in t.consumers()] + (
-        waiting.get(current, [])):
-      if after not in seen:
-        seen.add(after)
-        stack.append(after)
-  return False
-
-
-def _held_ops(graph, tower0) -> set:
-  """The ops the spec, its hooks (their attributes) and the collections
-  hold: what a session may run."""
-  spec = tower0.spec
-  items = [spec.train_op, spec.loss, spec.predictions, spec.eval_metric_ops]
-  for hook in list(spec.training_hooks) + list(spec.training_chief_hooks):
-    items += list(vars(hook).values())
-  for key in graph.get_all_collection_keys():
-    items += graph.get_collection(key)
-  items += list(tower0.collections.values())
-  ops = [leaf if isinstance(leaf, tf.Operation) else getattr(leaf, "op", None)
-         for leaf in _leaves(items, depth=4)]  # tensors, lazy reads.
-  return {op for op in ops if isinstance(op, tf.Operation)}
-
-
-def _leaves(item, depth: int) -> list:
-  """The leaves of nested lists, tuples and dicts (values), `depth` deep."""
-  if isinstance(item, dict):
-    item = list(item.values())
-  if not isinstance(item, (list, tuple)) or depth == 0:
-    return [item]
-  return [leaf for part in item for leaf in _leaves(part, depth - 1)]
 
 
 def _initializers() -> set:
