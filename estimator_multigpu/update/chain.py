@@ -92,19 +92,20 @@ class UpdateChain:
       step.prepare(towers)
     updates = [self._transform(update) for update in updates]
     return [self._apply([u for u in updates if u.position == position],
-                        call)
+                        call, [tower.optimizer_calls[position]
+                               for tower in towers])
             for position, call in enumerate(towers[0].optimizer_calls)]
 
-  def _apply(self, updates: list, call) -> list:
+  def _apply(self, updates: list, call, calls: list) -> list:
     """The strategy's apply of one optimizer call's updates, every op it
-    creates after the gradients of every tower (`gradients_ready`)."""
+    creates after every tower's gradients of the call (`calls`)."""
     when = self._when(call)
-    with tf.control_dependencies([self._gradients_ready(updates)]):
+    with tf.control_dependencies([self._gradients_ready(calls)]):
       return self.strategy.apply(updates, when)
 
-  def _gradients_ready(self, updates: list) -> tf.Operation:
-    """One barrier: an op that runs once every gradient the updates apply
-    (each covering every tower's) is computed.
+  def _gradients_ready(self, calls: list) -> tf.Operation:
+    """One barrier: an op that runs once every tower's gradients of one
+    optimizer call (the towers' recorded `calls`) are computed.
 
     An optimizer's apply may create ops with no data edge from the
     gradient: decoupled weight decay's `var.assign_sub(wd * var)` under
@@ -115,9 +116,13 @@ class UpdateChain:
     each op of the apply that has no input from the apply gets one control
     edge (to the barrier), not one per gradient: `TowerOptimizer.
     compute_gradients` records what an edge per op per dependency costs.
+    The towers' own gradients (not the combined ones) are waited for, so
+    each variable's apply may still start as soon as its combined gradient
+    is there (while the others' are summed or all-reduced).
     """
-    parts = [part for update in updates for grad, _ in update.grads_and_vars
-             if grad is not None for part in _parts(grad)]
+    parts = [part for recorded in calls
+             for grad, _ in recorded.grads_and_vars if grad is not None
+             for part in _parts(grad)]
     with tf.device(self.device), tf.control_dependencies(None):
       return tf.group(*parts, name="gradients_ready")
 
