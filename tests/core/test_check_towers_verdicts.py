@@ -104,28 +104,31 @@ def test_a_mode_one_device_cannot_run_is_not_compared():
   assert "InvalidArgumentError" in str(report)
 
 
-def num_matches_fn(features, labels, mode):
-  """Object Detection's loss over its matched anchors, per tower (not one
-  device's), and a summary of it that differs more than any variable."""
+def clipped_per_tower_fn(features, labels, mode):
+  """A clip by norm in the model_fn (each tower clips its own gradient:
+  not one device's), and a summary of the gradient's norm that differs
+  more than any variable."""
   w = tf1.get_variable("w", initializer=W0)
-  matched = tf.cast(labels > 0, tf.float32)
-  loss = tf.reduce_sum(tf.square(tf.matmul(features, w) - labels) *
-                       matched) / tf.reduce_sum(matched)
-  tf1.summary.scalar("localization_loss", loss * 100.0)
-  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=_train_op(loss))
+  loss = tf.reduce_mean(tf.square(tf.matmul(features, w) - labels))
+  opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.05))
+  (grad, var), = opt.compute_gradients(loss, [w])
+  tf1.summary.scalar("gradient_norm", tf.norm(grad) * 100.0)
+  train_op = opt.apply_gradients([(tf.clip_by_norm(grad, 0.01), var)],
+                                 tf1.train.get_global_step())
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 def test_the_verdict_leads_with_the_largest_variable_difference():
-  report = emg.check_towers(num_matches_fn, _input_fn, harness.cpu_devices(2),
-                            modes=())
+  report = emg.check_towers(clipped_per_tower_fn, _input_fn,
+                            harness.cpu_devices(2), modes=())
   assert not report.ok
   assert [name for name, _ in report.worst] == ["w", "global_step"]
   assert report.worst[0][1] > 1e-4
-  summary = dict(report.readouts)["summary/localization_loss"]
+  summary = dict(report.readouts)["summary/gradient_norm"]
   assert summary > report.worst[0][1]
   text = str(report)
   assert text.split("largest differences: ")[1].startswith("w ")
-  assert "What the user reads differs too: summary/localization_loss" in text
+  assert "What the user reads differs too: summary/gradient_norm" in text
 
 
 def tables_fn(features, labels, mode):
