@@ -79,15 +79,31 @@ def check_towers(model_fn: Callable[..., Any], input_fn: Callable[..., Any],
   for mode in modes:
     _read_mode(mode, (model_fn, reference), (wrapped, towers), input_fn,
                params, config, steps)
+  def trained(fn_devices, **change) -> dict:
+    return run(decorator.multi_gpu(model_fn, devices=fn_devices, **dict(
+        multi_gpu_options, **change)), reference.initial).final
+
   def exact_with(**change) -> bool:
-    retried = run(decorator.multi_gpu(
-        model_fn, devices=devices, **dict(multi_gpu_options, **change)),
-                  reference.initial)
-    return check_report.within(check_report.differences(
-        reference.final, retried.final), reference.final, tolerance)
+    return _agree(reference.final, trained(devices, **change), tolerance)
+
+  one_tower: list = []  # one tower accumulating: trained once, if asked.
+
+  def accumulating(**change) -> bool:
+    """The towers (with `change`) train like one tower accumulating."""
+    one_tower[:] = one_tower or [trained(groups[:1])]
+    got = trained(devices, **change) if change else towers.final
+    return _agree(one_tower[0], got, tolerance)
+
   return check_report.compare(
       reference, towers, [devices_lib.short_name(g[0]) for g in groups],
-      steps, tolerance, multi_gpu_options, exact_with)
+      steps, tolerance, multi_gpu_options, exact_with,
+      accumulating if multi_gpu_options.get("accumulate_steps", 1) > 1
+      else None)
+
+
+def _agree(expected: dict, got: dict, tolerance: float) -> bool:
+  return check_report.within(check_report.differences(expected, got),
+                             expected, tolerance)
 
 
 _MODES = {"eval": tf.estimator.ModeKeys.EVAL,
@@ -98,8 +114,9 @@ def _read_mode(mode: str, reference: tuple, towers: tuple, input_fn,
                params, config, steps: int) -> None:
   """Adds `mode`'s outputs (`eval/...`, `predict/...`) to the readouts of
   the `(fn, check_report.Run)` pairs, both from one device's trained
-  variables; a model_fn that does not build `mode` on one device is not
-  compared in it.
+  variables. A model_fn that does not build or run `mode` on one device
+  with these inputs (a ranker whose PREDICT graph scores single examples)
+  is not compared in it: one device's reason is kept in `not_compared`.
 
   Raises:
     ValueError: `mode` is not "eval" or "predict".
@@ -114,9 +131,11 @@ def _read_mode(mode: str, reference: tuple, towers: tuple, input_fn,
         steps, _fixed_random_scope)
   try:
     expected = read(reference[0])
-  except (ValueError, TypeError, AttributeError, KeyError) as error:
+  except (ValueError, TypeError, AttributeError, KeyError,
+          tf.errors.OpError) as error:
     logging.info("check_towers: %s not compared (one device: %s)", mode,
                  error)
+    reference[1].not_compared[mode] = check_report.first_line(error)
     return
   reference[1].readouts.update(expected)
   towers[1].readouts.update(read(towers[0]))

@@ -148,11 +148,14 @@ def mode_readouts(fn, mode: str, inputs: Callable[[], tuple], params,
 
 
 def _start_from(session, variables: dict) -> None:
-  session.run([tf1.global_variables_initializer(),
-               tf1.local_variables_initializer()])
+  """The global variables from `variables`, then what a Scaffold's default
+  `local_init_op` initializes: local variables (which may copy them) and
+  lookup tables."""
+  session.run(tf1.global_variables_initializer())
   for variable in tf1.global_variables():
     if variable.op.name in variables:
       variable.load(variables[variable.op.name], session)
+  session.run(tf1.train.Scaffold.default_local_init_op())
 
 
 def _eval_values(session, metric_ops: dict, steps: int) -> dict:

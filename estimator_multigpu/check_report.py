@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -43,6 +43,8 @@ class Run:
   readouts: dict = dataclasses.field(default_factory=dict)
   noisy: list = dataclasses.field(default_factory=list)
   state: list = dataclasses.field(default_factory=list)
+  # mode -> why one device could not read it (the mode is not compared).
+  not_compared: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -52,14 +54,20 @@ class TowerCheck:
   Attributes:
     ok: every shared variable, and everything the user reads, agrees
       within the tolerance.
-    worst: (name, max abs difference), largest first; a name is a
+    worst: (name, max abs difference), largest first. A name is a
       variable, `eval/<metric>`, `predict/<key>`, `summary/<tag>` or
       `hook/<Hook>.<key>` (`check_readouts`); one the one device has and
-      the towers lack (or hold in another shape) counts as inf.
+      the towers lack (or hold in another shape) counts as inf. When a
+      variable differs beyond the tolerance, `worst` holds the variables
+      only (the verdict leads with the largest of them) and `readouts`
+      tells what the user reads.
+    readouts: the readouts' (name, max abs difference), largest first.
     devices: the towers' devices.
     steps: training steps compared.
     loss_one_device, loss_towers: the first step's loss of each.
     causes: (likely cause, fix) pairs when not `ok`.
+    not_compared: mode ("eval", "predict") -> why one device could not
+      build or run it on these inputs, so it is not compared.
   """
   ok: bool
   worst: list
@@ -68,40 +76,62 @@ class TowerCheck:
   loss_one_device: float
   loss_towers: float
   causes: list = dataclasses.field(default_factory=list)
+  not_compared: dict = dataclasses.field(default_factory=dict)
+  readouts: list = dataclasses.field(default_factory=list)
 
   def __str__(self) -> str:
     where = (f"{len(self.devices)} towers ({', '.join(self.devices)}), "
              f"{self.steps} step{'s' if self.steps > 1 else ''}")
     largest = ", ".join(f"{name} {diff:.2g}" for name, diff in self.worst[:3])
+    skipped = [f"{mode} not compared: one device cannot run it on these "
+               f"inputs ({why})" for mode, why in self.not_compared.items()]
     if self.ok:
-      return (f"check_towers: OK: {where}: {len(self.worst)} variables and "
-              f"readouts match one device (largest differences: {largest or 'none'}).")
+      return "\n".join([
+          f"check_towers: OK: {where}: {len(self.worst)} variables and "
+          f"readouts match one device (largest differences: "
+          f"{largest or 'none'})."] + skipped)
     lines = [f"check_towers: MISMATCH: {where}: the towers differ from one "
              f"device (largest differences: {largest}); first-step loss "
              f"{self.loss_one_device:.6g} on one device, "
              f"{self.loss_towers:.6g} on the towers."]
+    read = [pair for pair in self.readouts if pair not in self.worst][:3]
+    if read:
+      lines.append("What the user reads differs too: " + ", ".join(
+          f"{name} {diff:.2g}" for name, diff in read) + ".")
     lines += [f"Likely cause: {cause}. Fix: {fix}." for cause, fix in
               self.causes]
-    return "\n".join(lines)
+    return "\n".join(lines + skipped)
 
 
 def compare(reference: Run, towers: Run, devices: list, steps: int,
-            tolerance: float, options: dict,
-            retry: Callable[..., bool]) -> TowerCheck:
+            tolerance: float, options: dict, retry: Callable[..., bool],
+            accumulating: Optional[Callable[..., bool]] = None
+            ) -> TowerCheck:
   """What one device's run and the towers' show; when they differ, the
   likely causes (`retry(**change)`: the towers are exact with that change
-  of `options`, the `multi_gpu` options of the check)."""
+  of `options`, the `multi_gpu` options of the check; `accumulating(
+  **change)`, with `accumulate_steps`: they equal one tower accumulating)."""
   expected = dict(reference.final, **reference.readouts)
   worst = differences(expected, dict(towers.final, **towers.readouts))
+  differing = beyond(worst, expected, tolerance)
+  variables_differ = any(name in reference.final for name in differing)
   check = TowerCheck(
-      within(worst, expected, tolerance) and not towers.noisy, worst,
-      devices, steps, reference.first_loss, towers.first_loss)
+      not differing and not towers.noisy,
+      [pair for pair in worst if pair[0] in reference.final or
+       not variables_differ], devices, steps, reference.first_loss,
+      towers.first_loss, not_compared=dict(reference.not_compared),
+      readouts=[pair for pair in worst if pair[0] not in reference.final])
   if not check.ok:
-    differing = beyond(worst, expected, tolerance)
-    check.causes = (check_readouts.causes(differing) if not any(
-        name in reference.final for name in differing) else
-                    causes(reference, towers, options, retry))
+    check.causes = (causes(reference, towers, options, retry, accumulating)
+                    if variables_differ else check_readouts.causes(differing))
   return check
+
+
+def first_line(error: BaseException) -> str:
+  """`Type: the first line of its message` (a TensorFlow error's op
+  traceback left out), at most 200 characters."""
+  message = str(getattr(error, "message", "") or error).strip()
+  return f"{type(error).__name__}: {message.splitlines()[0] if message else ''}"[:200]
 
 
 def beyond(worst: list, reference: dict, tolerance: float) -> list:
@@ -140,8 +170,13 @@ def _magnitude(value) -> float:
 
 
 def causes(reference: Run, towers: Run, options: dict,
-           retry: Callable[..., bool]) -> list:
+           retry: Callable[..., bool],
+           accumulating: Optional[Callable[..., bool]] = None) -> list:
   """The likely causes of a mismatch, each with its fix."""
+  if accumulating is not None:
+    own = _accumulation_causes(options, accumulating)
+    if own:
+      return own
   causes = []
   if towers.transformed:
     causes.append((
@@ -151,9 +186,7 @@ def causes(reference: Run, towers: Run, options: dict,
         "clip_gradients_by_norm=<the same norm>)"))
   causes += _structural_causes(towers)
   if not options.get("sync_batch_norm") and retry(sync_batch_norm=True):
-    causes.append((
-        "batch norm normalizes each tower's shard with its own statistics",
-        "pass multi_gpu(..., sync_batch_norm=True)"))
+    causes.append(_BATCH_NORM_PER_TOWER)
   if (options.get("loss_reduction", "mean") == "mean" and
       retry(loss_reduction="sum")):
     causes.append((
@@ -165,6 +198,37 @@ def causes(reference: Run, towers: Run, options: dict,
                            rtol=1e-5, atol=1e-6)
     causes.append(_GRADIENTS if same_loss else _COUPLED)
   return causes
+
+
+_BATCH_NORM_PER_TOWER = (
+    "batch norm normalizes each tower's shard with its own statistics",
+    "pass multi_gpu(..., sync_batch_norm=True)")
+
+
+def _accumulation_causes(options: dict, accumulating: Callable) -> list:
+  """With `accumulate_steps`: the towers equal one tower accumulating (with
+  synchronized batch norm, if that is what it takes), so what differs from
+  one device on the batches concatenated is accumulation's own."""
+  if accumulating():
+    return [_micro_batches(options["accumulate_steps"])]
+  if not options.get("sync_batch_norm") and accumulating(sync_batch_norm=True):
+    return [_BATCH_NORM_PER_TOWER,
+            _micro_batches(options["accumulate_steps"])]
+  return []
+
+
+def _micro_batches(steps: int) -> tuple:
+  return (
+      f"with accumulate_steps={steps} every micro-batch is its own batch for "
+      "what is computed over the batch (batch norm normalizes each "
+      "micro-batch with its own statistics, a loss divided by a count of "
+      "the batch divides by the micro-batch's), where this check's "
+      f"one-device reference computes it over the {steps} batches "
+      "concatenated; the towers train exactly like one device accumulating "
+      f"{steps} micro-batches",
+      "nothing to fix in the towers; to compare them with one device on the "
+      "concatenated batches, check with accumulate_steps=1 (or normalize "
+      "without batch statistics: layer or group norm)")
 
 
 def _structural_causes(towers: Run) -> list:

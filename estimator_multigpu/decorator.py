@@ -153,8 +153,9 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       (batch-level ones through the cross-tower tools, rule 6); other axes
       that differ between towers are padded to the largest across towers
       with `prediction_pad_value`.
-    Export (`Estimator.export_saved_model`): one tower, no device placement,
-      so the SavedModel serves on any machine at any batch size.
+    Export (every SavedModel Estimator writes, its TRAIN and EVAL meta
+      graphs too: `graph.calling`): one tower, no device placement, so the
+      SavedModel loads on any machine at any batch size.
 
   With `ema_decay`, shadow variables `<name>/ExponentialMovingAverage` track
   the trainable variables and batch-norm moving statistics after every step

@@ -86,10 +86,10 @@ class _Graph:
 def build_spec(model_fn, options: Options, features, labels, mode, params,
                config):
   """Builds the towers for one graph and merges their specs."""
-  if calling.is_serving_graph(features, mode):
+  if calling.is_export_graph(features, mode):
     spec = calling.call_model_fn(model_fn, features, labels, mode, params,
                                  config)
-    return _with_ema(spec, mode, options, None, config)
+    return model_savers.complete(_with_ema(spec, mode, options, None, config))
   cluster = _all_reduce_cluster(mode, config)
   plan = _make_plan(options, config, cluster,
                     keras=canned.trains_with_keras(model_fn))

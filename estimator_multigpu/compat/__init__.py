@@ -19,7 +19,10 @@ Modules:
   `private()`, `set_private()`;
 * `keras_routing`: `tf.keras` to tf-keras on TF >= 2.16;
 * `estimator_shim`: `install()`, and the names TF 2.16 removed that
-  tensorflow-estimator 2.15.0 imports.
+  tensorflow-estimator 2.15.0 imports;
+* `op_hooks`: the package's one TensorFlow op callback, running its hooks
+  (check_towers' fixed draws, empty-shard guards, the global batch) in
+  order, never while gradients are built.
 
 This module only re-exports the names the package uses.
 """

@@ -47,10 +47,6 @@ INTERNALS = {
     "imperative_grad": Internal(
         _TF + "eager.imperative_grad", ("imperative_grad",),
         "op hooks leave gradient construction alone (GradientTape)"),
-    "tensor_util": Internal(
-        _TF + "framework.tensor_util",
-        ("constant_value", "constant_value_as_shape"),
-        "the global batch's op table reads constant arguments"),
     "function_utils": Internal(
         _TF + "util.function_utils", ("fn_args",),
         "which arguments a model_fn or input_fn accepts"),
@@ -65,12 +61,21 @@ INTERNALS = {
     "losses_util": Internal(_TF + "ops.losses.util",
                             ("add_loss", "get_regularization_losses"),
                             "tf.compat.v1.losses over the global batch"),
+    "checkpoint_utils": Internal(
+        _TF + "training.checkpoint_utils", ("_init_from_checkpoint",),
+        "init_from_checkpoint restores in tower 0, as on one device"),
     "variable_scope": Internal(
         _TF + "ops.variable_scope",
         ("_get_default_variable_store", "get_variable_scope_store"),
         "towers reuse tower 0's variables"),
     "nest": Internal(_TF + "util.nest", ("flatten_with_joined_string_paths",),
                      "make_parallel names its inputs"),
+    "tensor_util": Internal(
+        _TF + "framework.tensor_util",
+        ("try_evaluate_constant", "constant_value",
+         "constant_value_as_shape"),
+        "a count of the shard TensorFlow folded (readouts' ratios); the "
+        "global batch's op table reads constant arguments"),
     "tensor": Internal(_TF + "framework.tensor", ("Tensor",),
                        "fast tf-slim layer builds (tensor equality)"),
     "ref_variable": Internal(_TF + "ops.ref_variable", ("RefVariable",),

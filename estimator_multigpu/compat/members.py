@@ -81,6 +81,8 @@ PRIVATE_MEMBERS = (
                   "towers 1.. create no variables of their own"),
     PrivateMember("tf.compat.v1.mixed_precision.DynamicLossScale", "_weights",
                   "the loss scale's variables are local (not checkpointed)"),
+    PrivateMember("tf.estimator.Estimator", "_add_meta_graph_for_mode",
+                  "export graphs (any mode) are the one-tower model_fn"),
     PrivateMember("tf.estimator.Estimator", "_session_config",
                   "an all-reduce job's sessions see the group's devices"),
     PrivateMember("eager_context.Context", "_context_handle",

@@ -22,7 +22,9 @@ Both need B ≥ 2 and several towers; B comes from `params["batch_size"]`
 (an int), and nothing else is looked at. With static shard sizes (an
 `input_fn` with `drop_remainder=True`) TensorFlow cannot build such an op at
 all: its shape-inference error names the op and its inputs, which exist and
-are judged by the same rules (`_check_failed_op`).
+are judged by the same rules (`_check_failed_op`); inside a loop's body
+(`tf.compat.v1.nn.dynamic_rnn`'s state), where the inputs are the loop's,
+by the shapes the error gives: rows of the shard joined with B rows.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ def _check_failed_op(error: ValueError, graph: tf.Graph, split,
         inputs.append(graph.as_graph_element(name if ":" in name
                                              else name + ":0"))
       except (KeyError, ValueError):
+        _check_failed_in_body(error, match.group(1), split, batch)
         return
   target = None
   if match.group(1) == "Reshape" and len(inputs) == 2:
@@ -126,6 +129,28 @@ def _check_failed_op(error: ValueError, graph: tf.Graph, split,
                               target=target)
   if what:
     raise ValueError(_message(what, batch, len(split.shards))) from error
+
+
+_INPUT_SHAPES = re.compile(r"with input shapes: (.*?)(?: and with |\.?$)")
+
+
+def _check_failed_in_body(error: ValueError, op_type: str, split,
+                          batch: int) -> None:
+  """The op failed inside a loop's body (`tf.compat.v1.nn.dynamic_rnn`'s
+  while loop), whose inputs are the loop's: it is judged by the shapes the
+  error gives. Joining rows as many as tower 0's static shard with rows as
+  many as `params["batch_size"]` is that batch used as a dimension."""
+  shard = tensor_kinds.shard_analysis(split.shards[0]).size
+  found = _INPUT_SHAPES.search(str(error))
+  if shard is None or shard == batch or not found:
+    return
+  leading = [int(first) for first in re.findall(r"\[(-?\d+)[^\]]*\]",
+                                                found.group(1))]
+  if shard in leading and batch in leading:
+    raise ValueError(_message(
+        f"joins rows of the shard ({shard}) with {batch} rows in a {op_type} "
+        "inside a loop (tf.compat.v1.nn.dynamic_rnn's state)", batch,
+        len(split.shards))) from error
 
 
 def _leading(tensor: tf.Tensor) -> Optional[int]:

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from estimator_multigpu import compat
+from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import shard_statistics
 from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import towers as towers_lib
 
+tensor_util = compat.internal("tensor_util")
 tf1 = tf.compat.v1
 
 
@@ -74,15 +77,47 @@ class Combiner:
     strip = shard_statistics.strip_pass_through
     if any(strip(pieces[0]) is strip(t) for t in self._losses):
       return _weighted_sum(pieces, self._weights)
+    counts = self._static_counts(pieces)
+    if counts is not None:  # over a count TensorFlow folded: a ratio.
+      return self._ratio(pieces, tf.constant(float(sum(counts))))
     kind = shard_statistics.statistic_kind(pieces[0], self._analysis,
                                            self._known)
     if kind != shard_statistics.RATIO:
       return _by_kind(kind, pieces, self._shares)
+    return self._ratio(pieces)
+
+  def _ratio(self, pieces: list, denominator=None) -> Optional[tf.Tensor]:
+    """Σ numerators / Σ denominators of the towers' quotients `pieces`,
+    each part combined by its kind (`denominator`: already combined)."""
+    strip = shard_statistics.strip_pass_through
     parts = [self._global([strip(p).op.inputs[i] for p in pieces])
              for i in (0, 1)]
+    if denominator is not None:
+      parts[1] = denominator
     if any(part is None for part in parts):
       return None
     return tf.math.divide_no_nan(*[tf.cast(t, tf.float32) for t in parts])
+
+  def _static_counts(self, pieces: list) -> Optional[list]:
+    """The towers' denominators of quotients `pieces` when each is a
+    constant proportional to its tower's examples (a count of the shard
+    that TensorFlow folded: `reduce_sum(weights * ones_like(losses))` of a
+    static shape, 4 and 3 over shards of 4 and 3), else None. A constant
+    the same in every tower only scales the numerator."""
+    strip = shard_statistics.strip_pass_through
+    ops = [strip(p).op for p in pieces]
+    if any(op.type not in dataflow.DIVISIONS for op in ops):
+      return None
+    counts = [tensor_util.try_evaluate_constant(op.inputs[1]) for op in ops]
+    if any(c is None or np.ndim(c) for c in counts) or len(
+        {float(c) for c in counts}) == 1:
+      return None
+    per_example = {float(c) / share for c, share in zip(counts, self._shares)
+                   if share}
+    empty_ok = all(float(c) == 0 for c, share in zip(counts, self._shares)
+                   if not share)
+    return [float(c) for c in counts] if len(per_example) == 1 and (
+        empty_ok) else None
 
 
 def bind(stub, pieces: list, kind: str, combiner: Combiner,

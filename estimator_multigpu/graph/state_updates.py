@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
+from estimator_multigpu.graph import runnable
 from estimator_multigpu.graph import shard_statistics
 from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import warn_once
@@ -69,6 +70,9 @@ def reconcile(towers: list, shard: Iterable,
   skip = _not_the_model_fns(tower0)
   outside = (set(context.tower_ops.get(0, ())) - updating - reached -
              _initializers())
+  outside -= runnable.run_by_nothing(
+      [op for op in outside if writes_lib.writes_of(op)], tower0.spec,
+      tower0.collections)
   for op in sorted(reached | outside, key=lambda o: o.name):
     for write in writes_lib.writes_of(op):
       if write.variable not in skip:
@@ -153,7 +157,10 @@ def _reconcile_write(write, context: _Context) -> list:
   if not _depends_on_shard(value, peer_values, context.shard) or (
       context.analysis.status(write.values[-1]) == tensor_kinds.GLOBAL):
     # The same in every tower, or already the global batch's.
-    return [p.op for p in peers] if own_copies else []
+    if not own_copies:
+      return []
+    _same_checkpoint(value, peer_values)
+    return [p.op for p in peers]
   if (write.additive and write.variable not in value and all(peers)
       and not own_copies and _sums_examples(write, context.analysis)):
     logging.info("multi_gpu: `%s` is updated with the step (%s): every "
@@ -162,6 +169,23 @@ def _reconcile_write(write, context: _Context) -> list:
     return [p.op for p in peers]
   _warn(write, _how(write, context))
   return []
+
+
+_RESTORES = frozenset({"RestoreV2", "Restore", "RestoreSlice"})
+
+
+def _same_checkpoint(value: set, peer_values: list) -> None:
+  """A checkpoint restore of tower 0's variable (`Saver.restore` in a
+  Scaffold `init_fn`): the towers' restores of their copies read the file
+  tower 0's reads, the one fed to tower 0's Saver (theirs, never fed, would
+  read their Saver's default name)."""
+  mine = [op for op in value if op.type in _RESTORES]
+  if not mine:
+    return
+  prefix = mine[0].inputs[0]
+  for op in {op for ops in peer_values for op in ops if op.type in _RESTORES}:
+    if op.inputs[0] is not prefix:
+      compat.private(op, "_update_input")(0, prefix)
 
 
 def _sums_examples(write, analysis: tensor_kinds.ShardAnalysis) -> bool:

@@ -41,7 +41,6 @@ tower 0's variables as in "shared" mode.
 from __future__ import annotations
 
 import contextlib
-import copy
 from typing import Optional
 
 import tensorflow as tf
@@ -102,12 +101,36 @@ class _TowerCopy(resource_variable_ops.ResourceVariable):
     return self.op.name
 
 
+_OPTIMIZER_STATE = ("_slots", "_non_slot_dict", "_deferred_slot_restorations")
+
+
 def fresh_optimizer(optimizer: tf1.train.Optimizer) -> tf1.train.Optimizer:
-  """A copy of a TF1 optimizer with the same settings and no state yet."""
-  clone = copy.copy(optimizer)
-  for state in ("_slots", "_non_slot_dict", "_deferred_slot_restorations"):
-    compat.set_private(clone, state, {})
+  """A copy of a TF1 optimizer with the same settings and no state yet.
+
+  So is every optimizer it wraps (an attribute that is one: Lookahead's,
+  tf.contrib's `MovingAverageOptimizer`'s), and a wrapper that never ran
+  `Optimizer.__init__` (no `_slots`) or forwards every attribute through
+  `__getattr__` (tf.contrib's `MultitaskOptimizerWrapper`, which
+  `copy.copy` would recurse into) is copied too: attribute by attribute.
+  """
+  clone = object.__new__(type(optimizer))
+  vars(clone).update(vars(optimizer))
+  for state in _OPTIMIZER_STATE:
+    if compat.private(clone, state, None, own=True) is not None:
+      compat.set_private(clone, state, {})
+  for name, value in vars(clone).items():
+    if value is not optimizer and _is_optimizer(value):
+      vars(clone)[name] = fresh_optimizer(value)
   return clone
+
+
+def _is_optimizer(value) -> bool:
+  """A TF1 optimizer, or an object standing for one (both methods)."""
+  return isinstance(value, tf1.train.Optimizer) or (
+      not isinstance(value, type) and all(
+          callable(getattr(value, m, None))
+          for m in ("compute_gradients", "apply_gradients")) and
+      hasattr(value, "__dict__"))
 
 
 class ReplicatedVariables(shared.SharedVariables):

@@ -91,9 +91,40 @@ class UpdateChain:
     for step in self.steps:
       step.prepare(towers)
     updates = [self._transform(update) for update in updates]
-    return [self.strategy.apply(
-        [u for u in updates if u.position == position], self._when(call))
+    return [self._apply([u for u in updates if u.position == position],
+                        call, [tower.optimizer_calls[position]
+                               for tower in towers])
             for position, call in enumerate(towers[0].optimizer_calls)]
+
+  def _apply(self, updates: list, call, calls: list) -> list:
+    """The strategy's apply of one optimizer call's updates, every op it
+    creates after every tower's gradients of the call (`calls`)."""
+    when = self._when(call)
+    with tf.control_dependencies([self._gradients_ready(calls)]):
+      return self.strategy.apply(updates, when)
+
+  def _gradients_ready(self, calls: list) -> tf.Operation:
+    """One barrier: an op that runs once every tower's gradients of one
+    optimizer call (the towers' recorded `calls`) are computed.
+
+    An optimizer's apply may create ops with no data edge from the
+    gradient: decoupled weight decay's `var.assign_sub(wd * var)` under
+    the apply's control (tf.contrib's `MomentumWOptimizer`,
+    tensorflow-addons' `SGDW`), Lookahead's pull-back, moving averages. On
+    one device they happen to run after the forward pass; with towers they
+    could run before a tower reads the variable. Built under this barrier,
+    each op of the apply that has no input from the apply gets one control
+    edge (to the barrier), not one per gradient: `TowerOptimizer.
+    compute_gradients` records what an edge per op per dependency costs.
+    The towers' own gradients (not the combined ones) are waited for, so
+    each variable's apply may still start as soon as its combined gradient
+    is there (while the others' are summed or all-reduced).
+    """
+    parts = [part for recorded in calls
+             for grad, _ in recorded.grads_and_vars if grad is not None
+             for part in _parts(grad)]
+    with tf.device(self.device), tf.control_dependencies(None):
+      return tf.group(*parts, name="gradients_ready")
 
   def _transform(self, update):
     """Every step's transform, in order, on the update's device."""
@@ -119,6 +150,13 @@ class UpdateChain:
     for step in self.steps:
       spec = step.finish(spec, towers, output_dir)
     return spec
+
+
+def _parts(grad) -> list:
+  """The tensors of a gradient (an `IndexedSlices`' values and indices)."""
+  if isinstance(grad, tf.IndexedSlices):
+    return [grad.values, grad.indices]
+  return [grad]
 
 
 def _all(conditions: list) -> Optional[tf.Tensor]:

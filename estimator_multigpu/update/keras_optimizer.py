@@ -38,6 +38,16 @@ def is_legacy_keras(optimizer) -> bool:
   return isinstance(optimizer, Legacy)
 
 
+def is_keras(optimizer) -> bool:
+  """Whether `optimizer`'s class, or one it derives from, is Keras's (any
+  Keras: tensorflow-addons' optimizers derive from Keras ones)."""
+  return any(_keras_root(kind) for kind in type(optimizer).__mro__)
+
+
+def _keras_root(kind: type) -> bool:
+  return kind.__module__.split(".")[0] in ("keras", compat.keras_package())
+
+
 class KerasTowerOptimizer(Legacy):
   """A Keras legacy optimizer whose applies are combined across towers.
 
@@ -173,20 +183,26 @@ _LEGACY_NAMES = ("Adadelta", "Adagrad", "Adam", "Adamax", "Ftrl", "Nadam",
 
 def not_wrappable_message(optimizer) -> str:
   """What `TowerOptimizer` takes, and the legacy class to use instead."""
-  kind = type(optimizer)
-  root = kind.__module__.split(".")[0]
-  name = kind.__name__
-  if root not in ("keras", compat.keras_package()):
+  given = type(optimizer)
+  keras = [kind for kind in given.__mro__ if _keras_root(kind)]
+  if not keras:
+    lacks = [m for m in ("compute_gradients", "apply_gradients")
+             if not callable(getattr(optimizer, m, None))]
     return ("`TowerOptimizer` wraps a `tf.compat.v1.train.Optimizer` (e.g. "
-            "MomentumOptimizer) or a `tf.keras.optimizers.legacy.Optimizer` "
-            f"(e.g. Adagrad); got {kind.__module__}.{name}.")
+            "MomentumOptimizer, or an object forwarding to one) or a "
+            "`tf.keras.optimizers.legacy.Optimizer` (e.g. Adagrad); got "
+            f"{given.__module__}.{given.__name__}, which has no "
+            f"{' and no '.join(f'`{m}`' for m in lacks)}.")
+  kind = keras[0]  # the Keras class itself, or the one a subclass extends.
+  root, name = kind.__module__.split(".")[0], kind.__name__
   which = ("a Keras 3 optimizer" if root != compat.keras_package() else
            f"tf.keras.optimizers.{name}, a non-legacy Keras optimizer")
   fix = (f"tf.keras.optimizers.legacy.{name}(...) with the same arguments"
          if name in _LEGACY_NAMES else
          f"one of tf.keras.optimizers.legacy.{{{', '.join(_LEGACY_NAMES)}}} "
          f"(there is no legacy {name})")
-  return (f"`TowerOptimizer` got {which} ({kind.__module__}.{name}), which "
+  return (f"`TowerOptimizer` got {which} ({given.__module__}."
+          f"{given.__name__}), which "
           "has no graph mode: Estimator model_fns (and tensorflow-estimator's "
           "canned estimators) train only with tf.compat.v1.train or Keras 2 "
           f"legacy optimizers. Use {fix}, e.g. emg.TowerOptimizer("

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from estimator_multigpu.graph import towers as towers_lib
 from estimator_multigpu.strategies import base
+from estimator_multigpu.update import clipping
 from estimator_multigpu.update import keras_optimizer
 from estimator_multigpu.update import recording
 
@@ -47,7 +48,7 @@ class TowerOptimizer(tf1.train.Optimizer):
 
   def __new__(cls, optimizer=None, summarize_gradient_norm: bool = False):
     """A Keras legacy optimizer gets `keras_optimizer.KerasTowerOptimizer`."""
-    if optimizer is None or isinstance(optimizer, tf1.train.Optimizer):
+    if optimizer is None or is_v1_optimizer(optimizer):
       return super().__new__(cls)
     if keras_optimizer.is_legacy_keras(optimizer):
       return keras_optimizer.KerasTowerOptimizer(optimizer,
@@ -59,22 +60,27 @@ class TowerOptimizer(tf1.train.Optimizer):
     """Wraps `optimizer`.
 
     Args:
-      optimizer: the `tf.compat.v1.train.Optimizer` to apply gradients with.
+      optimizer: the `tf.compat.v1.train.Optimizer` to apply gradients with:
+        any subclass, or an object forwarding to one (tf.contrib's
+        `MultitaskOptimizerWrapper`); one that never ran
+        `Optimizer.__init__` (tf.contrib's `MovingAverageOptimizer`) too.
       summarize_gradient_norm: write a `gradient_global_norm` summary of the
         gradients applied (the combined ones, with several towers).
 
     Raises:
       TypeError: `optimizer` is neither a `tf.compat.v1.train.Optimizer`
-        nor a `tf.keras.optimizers.legacy.Optimizer` (a `TowerOptimizer` is
+        (nor has its `compute_gradients` and `apply_gradients`) nor a
+        `tf.keras.optimizers.legacy.Optimizer` (a `TowerOptimizer` is
         unwrapped: wrapping twice is wrapping once).
     """
     if isinstance(optimizer, TowerOptimizer):  # Wrapping twice: once.
       summarize_gradient_norm |= optimizer._summarize_gradient_norm  # pylint: disable=protected-access
       optimizer = optimizer._optimizer  # pylint: disable=protected-access
-    if not isinstance(optimizer, tf1.train.Optimizer):  # None, copy.copy.
+    if not is_v1_optimizer(optimizer):  # None, copy.copy.
       raise TypeError("`TowerOptimizer` wraps an optimizer; got "
                       f"{optimizer!r}.")
-    super().__init__(use_locking=False, name=f"Tower{optimizer.get_name()}")
+    super().__init__(use_locking=False,
+                     name=f"Tower{optimizer_name(optimizer)}")
     self._optimizer = optimizer
     self._summarize_gradient_norm = summarize_gradient_norm
 
@@ -103,8 +109,11 @@ class TowerOptimizer(tf1.train.Optimizer):
       return self._optimizer.compute_gradients(loss, var_list, **kwargs)
     var_list = _tower_var_list(tower, var_list)
     kwargs["colocate_gradients_with_ops"] = True
-    return recording.tower_gradients(tower, loss, lambda scaled: (
+    grads_and_vars = recording.tower_gradients(tower, loss, lambda scaled: (
         self._optimizer.compute_gradients(scaled, var_list, **kwargs)))
+    if tower.num_towers > 1:
+      _refuse_nonlinear(self._optimizer, grads_and_vars)
+    return grads_and_vars
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Records the tower's gradients, weighted; outside a tower, applies them.
@@ -135,7 +144,7 @@ class TowerOptimizer(tf1.train.Optimizer):
           [g for g, _ in grads_and_vars if g is not None]))
     if isinstance(self._optimizer, tf1.train.SyncReplicasOptimizer):
       tf1.add_to_collection(SYNC_REPLICAS_COLLECTION,
-                            self._optimizer.get_name())
+                            optimizer_name(self._optimizer))
     return base.applied_if(apply_if, lambda: self._optimizer.apply_gradients(
         grads_and_vars, global_step, name))
 
@@ -148,6 +157,53 @@ class TowerOptimizer(tf1.train.Optimizer):
   def variables(self):
     return self._optimizer.variables()
 
+
+def _refuse_nonlinear(optimizer, grads_and_vars: list) -> None:
+  """The wrapped optimizer's `compute_gradients` may scale the gradients
+  linearly (a loss scale, a factor of the variables), not transform them
+  with a function of their values (a LARS trust ratio over ||g||, a clip):
+  each tower's would be transformed, not the global batch's.
+
+  Raises:
+    ValueError: it does, naming the optimizer's class and the fix.
+  """
+  transformed = clipping.find_transformed(grads_and_vars)
+  if transformed:
+    name = type(optimizer).__name__
+    raise ValueError(
+        f"{name}.compute_gradients transforms the gradients nonlinearly (of "
+        f"{', '.join(transformed[:3])}{' ...' if len(transformed) > 3 else ''}"
+        ": a norm of the gradients, as in a LARS trust ratio, a clip, or "
+        "another function of their values). With several towers it is "
+        "called on each tower's gradient, so each would be transformed "
+        "alone, where one device transforms the gradient of the whole "
+        f"batch. Move the transform into {name}'s apply (_apply_dense / "
+        "_resource_apply_dense, as tf.contrib.opt.LARSOptimizer does): "
+        "TowerOptimizer applies once, on the combined gradients. To clip, "
+        "pass multi_gpu(clip_gradients_by_norm=...).")
+
+
+def is_v1_optimizer(optimizer) -> bool:
+  """A `tf.compat.v1.train.Optimizer`, or an object standing for one: both
+  its `compute_gradients` and `apply_gradients` (tf.contrib's
+  `MultitaskOptimizerWrapper` forwards every attribute to the one it wraps),
+  and not a Keras one."""
+  if isinstance(optimizer, tf1.train.Optimizer):
+    return True
+  if optimizer is None or keras_optimizer.is_keras(optimizer):
+    return False
+  return all(callable(getattr(optimizer, method, None))
+             for method in ("compute_gradients", "apply_gradients"))
+
+
+def optimizer_name(optimizer) -> str:
+  """`optimizer.get_name()`; its class's name for a wrapper that never ran
+  `Optimizer.__init__` (tf.contrib's `MovingAverageOptimizer` has no
+  `_name`)."""
+  try:
+    return optimizer.get_name()
+  except AttributeError:
+    return type(optimizer).__name__.lstrip("_")
 
 
 def _tower_var_list(tower, var_list):

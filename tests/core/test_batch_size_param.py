@@ -30,6 +30,15 @@ def _hidden(x, batch, spelling):
       with tf1.variable_scope("rnn", reuse=t > 0):
         out, state = cell(x[:, 2 * t:2 * t + 2], state)
     return out
+  if spelling == "dynamic_rnn":  # the state goes through a while loop.
+    cell = tf1.nn.rnn_cell.BasicRNNCell(4)
+    out, _ = tf1.nn.dynamic_rnn(cell, tf.reshape(x, [-1, 3, 2]),
+                                initial_state=cell.zero_state(batch,
+                                                              tf.float32))
+    return out[:, -1]
+  if spelling == "keras_rnn":
+    return tf.keras.layers.SimpleRNN(4, name="rnn")(
+        tf.reshape(x, [-1, 3, 2]), initial_state=tf.zeros([batch, 4]))
   if spelling == "zeros":
     return tf.concat([x, tf.zeros([batch, 2])], axis=1)
   assert spelling == "fill"
@@ -67,7 +76,10 @@ def build(model_fn, towers, session_config, batch=7, static=False,
     ("zero_state", 3, "shared", False), ("zero_state", 2, "replicated", False),
     ("zeros", 2, "shared", False), ("fill", 3, "shared", False),
     ("reshape", 3, "shared", True), ("zero_state", 2, "shared", True),
-    ("zeros", 3, "replicated", True), ("fill", 2, "shared", True)])
+    ("zeros", 3, "replicated", True), ("fill", 2, "shared", True),
+    ("dynamic_rnn", 2, "shared", True), ("dynamic_rnn", 3, "shared", False),
+    ("keras_rnn", 3, "shared", True), ("keras_rnn", 2, "replicated",
+                                       False)])
 def test_batch_size_param_as_batch_dimension_is_refused(
     spelling, towers, variable_update, static, session_config):
   with pytest.raises(ValueError) as raised:

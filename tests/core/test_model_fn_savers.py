@@ -145,3 +145,52 @@ def _without_scaffold(model_fn):
     return model_fn(features, labels, mode)._replace(
         scaffold=tf1.train.Scaffold())
   return stripped
+
+
+def _own_saver_model_fn(spelling):
+  """A model_fn whose Saver (built after `minimize`) saves `feat/kernel`
+  only: as itself ("partial") or under another name ("renamed")."""
+  def model_fn(features, labels, mode):
+    pred = tf1.layers.dense(features, 2, name="feat",
+                            kernel_initializer=tf1.constant_initializer(0.3))
+    loss = tf1.losses.mean_squared_error(labels, pred)
+    train_op = emg.TowerOptimizer(tf1.train.MomentumOptimizer(
+        0.1, 0.9)).minimize(loss, tf1.train.get_or_create_global_step())
+    kernel, = [v for v in tf1.global_variables() if v.op.name == "feat/kernel"]
+    var_list = [kernel] if spelling == "partial" else {"pretrained/w": kernel}
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss, train_op=train_op,
+        scaffold=tf1.train.Scaffold(saver=tf1.train.Saver(var_list)))
+  return model_fn
+
+
+@pytest.mark.parametrize("towers", [2, 3])
+@pytest.mark.parametrize("spelling", ["partial", "renamed"])
+def test_a_partial_or_renamed_saver_keeps_its_var_list(spelling, towers,
+                                                       tmp_path,
+                                                       session_config):
+  """The Saver writes what it was given, under its names, plus only the
+  slots and averages of those variables (named after them): not the bias,
+  not global_step, not the bias's slot or average."""
+  fn = emg.multi_gpu(_own_saver_model_fn(spelling),
+                     devices=[f"/cpu:{i}" for i in range(towers)],
+                     ema_decay=0.5)
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    spec = fn(tf.constant(X), tf.constant(Y), tf.estimator.ModeKeys.TRAIN,
+              {}, tf.estimator.RunConfig(session_config=session_config))
+    saver = spec.scaffold.saver
+    by_name = {v.op.name: v for v in tf1.global_variables()}
+    with tf1.Session(config=session_config) as session:
+      session.run(tf1.global_variables_initializer())
+      session.run(spec.train_op)
+      path = saver.save(session, str(tmp_path / "own"))
+      values = session.run(by_name)
+  saved = dict(tf.train.list_variables(path))
+  prefix = "feat/kernel" if spelling == "partial" else "pretrained/w"
+  suffixes = ["", "/Momentum", "/ExponentialMovingAverage"]
+  assert sorted(saved) == sorted(prefix + s for s in suffixes)
+  for suffix in suffixes:
+    np.testing.assert_allclose(tf.train.load_variable(path, prefix + suffix),
+                               values["feat/kernel" + suffix], atol=1e-6)
+  assert np.abs(values["feat/kernel/Momentum"]).max() > 1e-3  # it trained.

@@ -7,7 +7,9 @@ an axis, rows counted by their values, a shape of the shard, a statistic
 of the shard) against one table of op types (`table`, `shape_rules`). An op
 the table knows stays per shard. Any other op that touches the shard is
 rewritten (`rewrite`, with `exchange` for what the towers send each other
-and `probe` for which of its outputs are per example):
+and `probe` for which of its outputs are per example; `op_view` is one op
+as the table reads it, `state` the tower being built and what package
+code declares, `scopes` the towers' scope, the INFO line and the listing):
 
 - *local*: its statistics and sizes replaced by their global values (an
   all-reduce each), the op itself per shard (`x - mean(x)`, batch norm by
@@ -22,7 +24,9 @@ and `probe` for which of its outputs are per example):
   stateful op runs in tower 0 only, once per step.
 
 Gradient construction is never rewritten: a tower's gradient is its share
-of the global gradient. With one tower nothing is installed. `log_rewrites`
+of the global gradient. With one tower, or without
+`multi_gpu(global_batch=True)` (this release's default is False), nothing
+is installed. `log_rewrites`
 writes one INFO line per model and mode; `rewrites(graph)` lists them.
 
 What stays inferred (kept per shard as written, as before this mechanism):
