@@ -39,6 +39,9 @@ applied once, when `multi_gpu` first wraps a model_fn, or with
 import importlib
 
 from estimator_multigpu import compat as _compat
+from estimator_multigpu import log_handlers as _log_handlers
+
+_log_handlers.install()  # before any module logs: each line once.
 
 # Public name -> the module that defines it.
 _PUBLIC = {
