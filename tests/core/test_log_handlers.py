@@ -3,8 +3,10 @@
 A script without absl's `app.run` that wraps a model_fn: absl's first log
 call used to `logging.basicConfig()` the root logger, so every TensorFlow
 Python warning (its own handler, and the root's) was printed twice. The
-package installs absl's handler once, when it is imported, whichever of
-its modules logs first and whether TensorFlow was imported before it.
+package installs one handler (absl's format; not absl's own handler, whose
+first line would be "Logging before flag parsing goes to stderr") when it
+is imported, whichever of its modules logs first and whether TensorFlow was
+imported before it.
 Real processes: the handlers are a process's start-up state. TensorFlow's
 own C++ start-up lines are not checked: from TF 2.17 `import tensorflow`
 alone writes them twice (two libraries, before `TF_CPP_MIN_LOG_LEVEL` is
@@ -87,5 +89,6 @@ def test_a_plain_script_prints_each_line_once(order, first, tmp_path):
   assert not repeated, "\n".join(lines)
   assert any("is deprecated" in line for line in lines)  # TF's warnings.
   once(lines, "the script's own warning")
+  assert not [line for line in lines if "before flag parsing" in line]
   if first:
     once(lines, "a package warning first")
