@@ -163,7 +163,9 @@ def _keras_fused(original):
   def _fused_batch_norm(self, inputs, mask, training):
     if moments.current_context() is None:
       _per_tower(training)
-      return _own_statistics(original(self, inputs, mask, training))
+      output = original(self, inputs, mask, training)
+      _own_statistics(_fused_statistics(output))
+      return output
     nn_module = tf1.nn  # Keras looks the op up here at call time.
     previous = nn_module.fused_batch_norm
     nn_module.fused_batch_norm = moments.sync_fused_batch_norm
@@ -189,7 +191,9 @@ class _SlimNN:
   def fused_batch_norm(*args, **kwargs):
     if moments.current_context() is None:
       _per_tower(kwargs.get("is_training", True))
-      return _own_statistics(moments.sync_fused_batch_norm(*args, **kwargs))
+      result = moments.sync_fused_batch_norm(*args, **kwargs)
+      _own_statistics(result[1:3], kwargs.get("is_training", True))
+      return result
     return moments.sync_fused_batch_norm(*args, **kwargs)
 
   def moments(self, x, axes, shift=None, name=None, keep_dims=None,
@@ -213,12 +217,19 @@ class _SlimNN:
 
 
 def _own_statistics(result, batch: bool = True):
-  """`result`, a layer's statistics of its tower's shard (when `batch`),
-  marked: the moving averages written from them are this module's warning's
-  (`state_updates` does not warn about them again)."""
+  """`result`, a layer's mean and variance of its tower's shard (when
+  `batch`), marked: the moving averages written from them are this
+  module's warning's (`state_updates` does not warn about them again)."""
   if batch:
     state_updates.mark_batch_norm_statistics(result)
   return result
+
+
+def _fused_statistics(output) -> list:
+  """The batch mean and variance beside a fused batch norm's output (none
+  when a `tf.cond` on `training` hides the op)."""
+  op = output.op
+  return list(op.outputs[1:3]) if op.type.startswith("FusedBatchNorm") else []
 
 
 def _batch_axis(x, axes) -> bool:

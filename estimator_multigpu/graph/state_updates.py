@@ -20,10 +20,11 @@ reads the graph's structure (data flow, never names) of the value written:
   variable moves by the global batch's sum, whichever op runs it;
 - a write to a replicated variable's copies that the towers agree on (a
   max-norm constraint): every tower's runs, on its own copy;
-- a write of a batch-norm layer's per-tower statistics (its moving
-  averages outside UPDATE_OPS, e.g. a Keras model's `updates` grouped into
-  the train_op without `sync_batch_norm`): the layer's own WARNING says it
-  once (`mark_batch_norm_statistics`);
+- a write whose value reads the shard only through a batch-norm layer's
+  statistics of it (the layer's moving averages outside UPDATE_OPS, e.g. a
+  Keras model's `updates` grouped into the train_op without
+  `sync_batch_norm`): the layer's own WARNING says it, once
+  (`mark_batch_norm_statistics`); a write of what the layer outputs is not;
 - anything else (a moving average, center loss reading its centers, a write
   inside a `tf.cond`): a WARNING naming the variables, the ops, how they run
   and the cross-tower tool that makes them exact: one line per model and
@@ -63,7 +64,8 @@ def reconcile(towers: list, shard: Iterable,
       among the ops of each type (else by name).
   """
   tower0 = towers[0]
-  batch_norms = _BATCH_NORM_STATISTICS.get(tf1.get_default_graph(), set())
+  batch_norms = list(_BATCH_NORM_STATISTICS.get(tf1.get_default_graph(),
+                                                {}).values())
   update_ops = {_op(t) for t in tower0.collections.get(
       tf1.GraphKeys.UPDATE_OPS, [])}
   reached = _runs([_op(tower0.spec.train_op)], stop=update_ops)
@@ -89,18 +91,19 @@ def reconcile(towers: list, shard: Iterable,
   return peer_collectives(reached)
 
 
-# Per graph: the ops of batch-norm layers' per-tower statistics.
+# Per graph: batch-norm layers' statistics of their tower's shard, by ref.
 _BATCH_NORM_STATISTICS: "weakref.WeakKeyDictionary" = (
     weakref.WeakKeyDictionary())
 
 
 def mark_batch_norm_statistics(tensors) -> None:
-  """Marks a batch-norm layer's statistics of its tower's shard (whose
-  per-tower use the layer warned about): a write computed from them is
-  that warning's, not another."""
+  """Marks a batch-norm layer's mean and variance of its tower's shard
+  (whose per-tower use the layer warned about): a write whose value reads
+  the shard only through them is that warning's, not another."""
   for tensor in tf.nest.flatten(tensors):
     if isinstance(tensor, tf.Tensor):
-      _BATCH_NORM_STATISTICS.setdefault(tensor.graph, set()).add(tensor.op)
+      _BATCH_NORM_STATISTICS.setdefault(tensor.graph, {})[tensor.ref()] = (
+          tensor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +119,7 @@ class _Context:
   reached: set  # what tower 0's train_op runs.
   tower_ops: dict
   analysis: "tensor_kinds.ShardAnalysis"  # tower 0's tensors, by kind.
-  batch_norms: set  # batch-norm layers' per-tower statistics (their ops).
+  batch_norms: list  # batch-norm layers' statistics of their shard.
 
 
 def _not_the_model_fns(tower0) -> set:
@@ -188,9 +191,21 @@ def _reconcile_write(write, context: _Context, inexact: list) -> list:
                  "tower adds its shard's part.", write.variable.name,
                  write.kind)
     return [p.op for p in peers]
-  if not value & context.batch_norms:  # else the layer's warning says it.
+  if not _batch_norms_own(write, value, context):
     inexact.append((write, _how(write, context)))
   return []
+
+
+def _batch_norms_own(write, value: set, context: _Context) -> bool:
+  """Whether the write's `value` reads tower 0's shard only through
+  batch-norm statistics (and shapes: a Bessel correction's count): a
+  layer's moving average, which its one warning covers."""
+  if not any(t.op in value for t in context.batch_norms):
+    return False
+  shapes = [t for op in value if op.type in dataflow.SHAPE_OPS
+            for t in op.outputs]
+  reads = _runs(write.values, stop=context.batch_norms + shapes)
+  return not reads & context.shard.ops
 
 
 def _sums_examples(write, analysis: tensor_kinds.ShardAnalysis) -> bool:

@@ -144,3 +144,32 @@ def test_the_plan_line_of_eval_and_predict_names_no_gradients(
            if r.getMessage().startswith("multi_gpu ")]
   assert lines == [f"multi_gpu {mode}: 2 towers on /cpu:0, /cpu:1; variables "
                    "on /cpu:0; global batch 8 -> per-tower batch [4, 4]"]
+
+
+@pytest.mark.parametrize("image_shaped", [False, True], ids=["moments",
+                                                            "fused"])
+def test_a_write_of_a_batch_norm_output_is_still_named(image_shaped, caplog,
+                                                      session_config):
+  """A moving mean of what a batch-norm layer outputs (not of its
+  statistics) stays tower 0's shard's: named, beside the layer's warning."""
+
+  def model_fn(features, labels, mode):
+    h = tf1.layers.dense(features, 4)
+    layer = tf.keras.layers.BatchNormalization(name="bn")
+    h = layer(image(h) if image_shaped else h, training=True)
+    h = tf.reshape(h, [-1, 4])
+    centers = tf1.get_variable("centers", initializer=tf.zeros([4]),
+                               trainable=False)
+    update = tf1.assign_sub(centers, (centers - tf.reduce_mean(h, 0)) * 0.1)
+    loss = tf1.losses.mean_squared_error(labels, tf1.layers.dense(h, 2))
+    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
+    train_op = tf.group(opt.minimize(loss, tf1.train.get_global_step()),
+                        update, *layer.updates)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    harness.train(model_fn, X, Y, 1, session_config, num_towers=2)
+  warnings = warnings_of(caplog)
+  assert len(warnings) == 2, warnings
+  assert "batch norm in training" in warnings[0]
+  assert "updates `centers` (AssignSubVariableOp" in warnings[1]

@@ -2,8 +2,8 @@
 
 One folder of photos (two classes) is converted and trained on with
 relative paths and TensorFlow's default log level (no TF_CPP_MIN_LOG_LEVEL
-in the environment); then, from another directory, eval.py, a train.py with
-nothing left to train, and eval.py once the records moved. Each process's
+in the environment); then, from another directory, eval.py, export.py, a
+train.py with nothing left to train, and eval.py once the records moved. Each process's
 stderr is checked to be quiet: no C++ start-up INFO lines, every line once.
 A photo folder of one class is refused by convert.py. eval.py's Ctrl-C says
 what eval.py was doing (a real SIGINT while it waits for a first
@@ -95,6 +95,9 @@ def test_from_another_directory(first_hour, tmp_path):
   [plan] = [line for line in evaluated.splitlines() if "multi_gpu eval:" in line]
   assert "gradients" not in plan and "variables on /cpu:0" in plan
   assert not warnings_of(evaluated), evaluated
+  exported = script("export", f"--model_dir={run}", "--export_dir=exports",
+                    cwd=tmp_path)
+  assert not warnings_of(exported), exported
 
   # Nothing to train: that warning alone (not the schedule's warm-up one).
   resumed = script("train", f"--model_dir={run}", "--max_steps=1",
