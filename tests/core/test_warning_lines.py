@@ -5,7 +5,8 @@ layers (tf-slim, `tf.compat.v1.layers`, Keras), and however its UPDATE_OPS
 run with the step (a control dependency of `minimize`, grouped into the
 train_op), gets one WARNING on 2 towers: the local-statistics one. Tower
 0's UPDATE_OPS are not writes of the model_fn's own (multi_gpu runs them
-once per step). A cause shared by many layers (moving averages written
+once per step), nor are a layer's moving averages outside them (tf-slim's
+`updates_collections=None`, a Keras model's `updates`). A cause shared by many layers (moving averages written
 outside UPDATE_OPS) is one line per model and mode, naming the variables.
 """
 
@@ -42,6 +43,16 @@ def slim_net(h, training):
   return tf.reshape(h, [-1, 4]), tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
 
 
+def slim_inline_net(h, training):
+  """tf-slim's updates in the layer's output (updates_collections=None)."""
+  for i in range(LAYERS):
+    h = slim.batch_norm(slim.fully_connected(h, units(h), scope=f"fc{i}"),
+                        is_training=training, scope=f"bn{i}",
+                        updates_collections=None)
+    h = image(h)
+  return tf.reshape(h, [-1, 4]), []
+
+
 def tf1_layers_net(h, training):
   for _ in range(LAYERS):
     h = image(tf1.layers.batch_normalization(tf1.layers.dense(h, units(h)),
@@ -58,7 +69,8 @@ def keras_net(h, training):
   return model(h, training=training), model.updates
 
 
-NETS = {"slim": slim_net, "tf1_layers": tf1_layers_net, "keras": keras_net}
+NETS = {"slim": slim_net, "slim_inline": slim_inline_net,
+        "tf1_layers": tf1_layers_net, "keras": keras_net}
 
 
 def model_fn_of(net, wiring):
