@@ -205,13 +205,12 @@ def test_pipelines_run_no_autotune_thread(image_folder, tmp_path):
   final checkpoint and "Training done" in a 35 s run, in 3 of 11 runs; 0.01 s
   in 7 of 7 without it): every pipeline here sets fixed parallelism."""
   out_dir, _, _ = convert_folder(image_folder, tmp_path, 1)
-  with tf.Graph().as_default():
-    made = [datasets.get_dataset('digits', 'train', 8),
-            datasets.get_dataset('synthetic', 'eval', 8, image_size=6),
-            datasets.get_dataset('tfrecord', 'train', 5, image_size=9,
-                                 data_dir=out_dir)]
-    assert [dataset.options().autotune.enabled for dataset in made] == [
-        False] * 3
+  made = [datasets.get_dataset('digits', 'train', 8),  # eagerly: options()
+          datasets.get_dataset('synthetic', 'eval', 8, image_size=6),  # are
+          datasets.get_dataset('tfrecord', 'train', 5, image_size=9,  # read.
+                               data_dir=out_dir)]
+  assert [dataset.options().autotune.enabled for dataset in made] == [
+      False] * 3
 
 
 # ------------------------------------------------------------------ digits
