@@ -64,6 +64,8 @@ def reconcile(towers: list, shard: Iterable,
       among the ops of each type (else by name).
   """
   tower0 = towers[0]
+  if not tower0.optimizer_calls:  # unwrapped: an error, not these writes.
+    return []
   batch_norms = list(_BATCH_NORM_STATISTICS.get(tf1.get_default_graph(),
                                                 {}).values())
   update_ops = {_op(t) for t in tower0.collections.get(

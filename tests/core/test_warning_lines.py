@@ -185,3 +185,20 @@ def test_a_write_of_a_batch_norm_output_is_still_named(image_shaped, caplog,
   assert len(warnings) == 2, warnings
   assert "batch norm in training" in warnings[0]
   assert "updates `centers` (AssignSubVariableOp" in warnings[1]
+
+
+def test_an_unwrapped_optimizer_is_the_error_alone(caplog, session_config):
+  """Its apply is not warned about as the model_fn's writes first."""
+
+  def model_fn(features, labels, mode):
+    loss = tf1.losses.mean_squared_error(labels,
+                                         tf1.layers.dense(features, 2))
+    opt = tf1.train.GradientDescentOptimizer(0.1)
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss,
+        train_op=opt.minimize(loss, tf1.train.get_global_step()))
+
+  with caplog.at_level(logging.WARNING, logger="absl"), pytest.raises(
+      ValueError, match="does not come from a `TowerOptimizer`"):
+    harness.train(model_fn, X, Y, 1, session_config, num_towers=2)
+  assert warnings_of(caplog) == []
