@@ -23,15 +23,17 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from cli import entry_point  # first: a missing package is one line.
-from cli import script_logging
+# First: a missing package is one line; then the C++ log level, set before
+# anything imports TensorFlow (script_logging.before_tensorflow).
+from cli import entry_point
 
-script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
+# isort: split
 
 # pylint: disable=g-import-not-at-top,wrong-import-position,g-bad-import-order
 from absl import flags
 from absl import logging
 
+from cli import script_logging
 from datasets import convert
 
 FLAGS = flags.FLAGS

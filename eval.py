@@ -15,7 +15,9 @@ in the log. --checkpoint_path evaluates exactly that checkpoint (a
 directory: its latest) once; its directory is the model_dir unless
 --model_dir is given. --max_num_batches evaluates at most that many batches
 (tf-slim's flag). The last line printed is `key=value` pairs, e.g.
-`accuracy=0.9694 global_step=1500 loss=0.1025 top_5=0.9972`.
+`accuracy=0.9694 global_step=1500 loss=0.1025 top_5=0.9972`. Ctrl-C stops
+it at once (status 130) with one line saying what it was doing: it only
+reads the model dir, so nothing there is lost.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import math
 import os
 from typing import NamedTuple, Optional, Sequence
 
-from cli import entry_point  # first: a missing package is one line.
-from cli import script_logging
+# First: a missing package is one line; then the C++ log level, set before
+# anything imports TensorFlow (script_logging.before_tensorflow).
+from cli import entry_point
 
-script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
+# isort: split
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import sys
@@ -43,6 +46,7 @@ from estimator_multigpu.runtime import evaluation
 import classifier
 from cli import cluster_task
 from cli import run_setup
+from cli import script_logging
 from cli import settings as settings_lib
 from cli import towers as towers_lib
 from cli.flags import definitions as cli_flags
@@ -223,17 +227,50 @@ def check_fits(planned: Evaluation, checkpoint: str) -> None:
       planned.config.num_classes, tf.estimator.ModeKeys.EVAL, checkpoint)
 
 
-def run(settings: Settings) -> dict:
+class Progress:
+  """What eval.py is doing, for the line a Ctrl-C ends it with."""
+
+  def __init__(self):
+    self.model_dir: Optional[str] = None  # known once planned.
+    self.current: Optional[str] = None  # the checkpoint being evaluated.
+    self.evaluated: list = []  # (checkpoint, global step) done.
+
+  def interrupted_line(self) -> str:
+    """eval.py's own words for a Ctrl-C (it only reads the model dir)."""
+    if self.current:
+      doing = f"while evaluating {self.current}: its metrics were not written"
+    elif self.model_dir is None:
+      doing = "before evaluating"
+    elif self.evaluated:
+      doing = f"while waiting for a checkpoint after {self.evaluated[-1]}"
+    else:
+      doing = (f"while waiting for a checkpoint in {self.model_dir} (none "
+               "evaluated)")
+    done = (f"; {len(self.evaluated)} checkpoint(s) evaluated, their metrics "
+            "written" if self.evaluated else "")
+    return (f"eval.py: interrupted (Ctrl-C) {doing}. eval.py only reads the "
+            f"model dir: nothing in it changed{done}. Run eval.py again to "
+            "evaluate.")
+
+
+def run(settings: Settings, progress: Optional[Progress] = None) -> dict:
   """Evaluates the checkpoint given, else each new one (the first is
-  checked to fit the graph); returns the last metrics."""
+  checked to fit the graph); returns the last metrics. `progress` is kept
+  up to date (for a Ctrl-C's line)."""
+  progress = progress or Progress()
   planned, ev = plan(settings), settings.evaluation
+  progress.model_dir = planned.model_dir
   checked = set()
 
   def evaluate_one(checkpoint: str) -> dict:
+    progress.current = checkpoint
     if not checked:
       check_fits(planned, checkpoint)
       checked.add(checkpoint)
-    return evaluate_checkpoint(settings, planned, checkpoint)
+    metrics = evaluate_checkpoint(settings, planned, checkpoint)
+    progress.current = None
+    progress.evaluated.append(checkpoint)
+    return metrics
 
   if planned.checkpoint:
     return evaluate_one(planned.checkpoint)
@@ -246,7 +283,13 @@ def main(argv):
   del argv
   script_logging.configure(FLAGS.verbosity)
   cluster_task.check_tf_config(os.environ.get("TF_CONFIG"))
-  print(evaluation.format_metrics(run(cli_flags.read(Settings))))
+  progress = Progress()
+  try:
+    metrics = run(cli_flags.read(Settings), progress)
+  except KeyboardInterrupt:
+    sys.stderr.write(progress.interrupted_line() + "\n")
+    sys.exit(entry_point.INTERRUPTED)
+  print(evaluation.format_metrics(metrics))
 
 
 if __name__ == "__main__":

@@ -28,10 +28,11 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from cli import entry_point  # first: a missing package is one line.
-from cli import script_logging
+# First: a missing package is one line; then the C++ log level, set before
+# anything imports TensorFlow (script_logging.before_tensorflow).
+from cli import entry_point
 
-script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
+# isort: split
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
@@ -44,6 +45,7 @@ import estimator_multigpu as emg
 import classifier
 from cli import cluster_task
 from cli import run_setup
+from cli import script_logging
 from cli import settings as settings_lib
 from cli.flags import definitions as cli_flags
 from cli.model_dir import checkpoints

@@ -35,10 +35,11 @@ import os
 import sys
 from typing import Optional
 
-from cli import entry_point  # first: a missing package is one line.
-from cli import script_logging
+# First: a missing package is one line; then the C++ log level, set before
+# anything imports TensorFlow (script_logging.before_tensorflow).
+from cli import entry_point
 
-script_logging.before_tensorflow()  # C++ log level: before TensorFlow.
+# isort: split
 
 # pylint: disable=g-import-not-at-top,wrong-import-position,g-bad-import-order
 from absl import flags
@@ -57,6 +58,7 @@ import classifier
 from cli import cluster_task
 from cli import run_plan
 from cli import run_setup
+from cli import script_logging
 from cli import settings as settings_lib
 from cli import towers as towers_lib
 from cli.flags import definitions as cli_flags

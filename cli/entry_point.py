@@ -5,8 +5,10 @@ installed (`check_installed`), with the standard library only: `python3
 train.py` from a Python without the project's environment ends with one line
 naming the missing packages and the fix, status 2, before absl or
 TensorFlow is imported (outside a script: `ModuleNotFoundError`, same text).
-It only looks for the packages (`importlib.util.find_spec`): importing
-TensorFlow here would come before the scripts quiet its C++ logs.
+It only looks for the packages (`importlib.util.find_spec`). When a script
+runs, it then sets the C++ log level (`script_logging.before_tensorflow`:
+`TF_CPP_MIN_LOG_LEVEL=1` unless given) before anything imports TensorFlow
+(the `--help` groups import the library, which imports TensorFlow).
 
 `run(main, doc)` replaces `app.run(main, flags_parser=...)` in train.py,
 eval.py and export.py. It keeps the grouped `--help` (cli/flags/grouped_help.py)
@@ -99,10 +101,14 @@ def check_installed() -> None:
 check_installed()  # before absl: a missing package is one line.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position,g-bad-import-order
+from cli import script_logging
+
+if running_script():  # before TensorFlow, which grouped_help imports.
+  script_logging.before_tensorflow()
+
 from absl import app
 from absl import flags
 
-from cli import script_logging
 from cli.flags import grouped_help
 from cli.flags import unknown
 

@@ -176,6 +176,24 @@ def _check_shapes(checkpoint: str, variables: Sequence[NetVariable],
         f"{','.join(_scopes_of([v.name for v in wrong]))}.")
 
 
+def _check_same_net(checkpoint: str, variables: Sequence[NetVariable],
+                    stored: dict) -> None:
+  """Raises when the checkpoint holds none of the net's variables: another
+  net's (one message: excluding them all would only lead to another).
+
+  Raises:
+    ValueError: naming both nets' variables and the fix.
+  """
+  names = [v.name for v in variables]
+  if names and not any(name in stored for name in names):
+    raise ValueError(
+        f"--checkpoint_path={checkpoint} is another net's: it holds none of "
+        f"the {len(names)} variables of the net --model_name builds "
+        f"({_listed(names)}; it holds {_listed(sorted(stored))}). Give a "
+        "checkpoint of that net, or the --model_name of the checkpoint's "
+        "net.")
+
+
 def restored_names(checkpoint: str, variables: Sequence[NetVariable],
                    exclude_scopes: Sequence[str],
                    ignore_missing: bool) -> list:
@@ -191,6 +209,7 @@ def restored_names(checkpoint: str, variables: Sequence[NetVariable],
   kept = [v for v in variables
           if not any(excluded(v.name, scope) for scope in exclude_scopes)]
   stored = _stored_shapes(checkpoint)
+  _check_same_net(checkpoint, variables, stored)
   present = _check_present(checkpoint, [v.name for v in kept], stored,
                            ignore_missing)
   _check_shapes(checkpoint, [v for v in kept if v.name in present], stored)

@@ -58,7 +58,8 @@ def plan(task: Optional[cluster.Task], settings: Settings) -> Plan:
           task, settings.cluster.sync_replicas), setup.model_name, setup)
   advice.check_sync_batch_norm(settings.multi_gpu.sync_batch_norm,
                                setup.model_name)
-  advice.warn_unreached_peak(config, settings.optimization.max_steps)
+  if not _trained_already(task, run.model_dir, settings.optimization.max_steps):
+    advice.warn_unreached_peak(config, settings.optimization.max_steps)
   schedule = checkpoints.checkpoint_schedule(
       run.save_checkpoints_steps, run.save_checkpoints_secs,
       "save_checkpoints_steps" in run.given)
@@ -69,6 +70,14 @@ def plan(task: Optional[cluster.Task], settings: Settings) -> Plan:
       averaged=bool(settings.multi_gpu.moving_average_decay))
   return Plan(towers, setup, config, input_fn, *run_estimator.estimators(
       settings, task, towers, config, schedule, warm_start))
+
+
+def _trained_already(task: Optional[cluster.Task], model_dir: str,
+                     max_steps: int) -> bool:
+  """Whether a local run's model dir is at or past `max_steps`: it trains
+  nothing (cli/model_dir/start.py says so), so no advice on its schedule."""
+  step = checkpoints.trained_step(model_dir) if task is None else None
+  return step is not None and step >= max_steps
 
 
 def train_input_fn(settings: Settings, setup: run_setup.ModelSetup,

@@ -254,11 +254,28 @@ def _publish(staging: str, output_dir: str, written: Dict[str, List[str]],
   return moved
 
 
+def _check_classes(scan: image_folder.Scan, image_dir: str,
+                   min_classes: int) -> None:
+  """Raises when the folder has fewer classes than `min_classes`."""
+  if len(scan.class_names) >= min_classes:
+    return
+  names = ', '.join(scan.class_names)
+  one = 'one class subfolder' if len(scan.class_names) == 1 else (
+      f'{len(scan.class_names)} class subfolders')
+  raise ValueError(
+      f'image_dir {image_dir} has {one}, {names} ({len(scan.items)} images): '
+      f'a classifier needs two or more (at least {min_classes}), or every '
+      'prediction is right (accuracy 1.0) and it learns nothing. Add a '
+      f'subfolder of images for each other class, e.g. {image_dir}/other/, '
+      'and convert again.')
+
+
 def convert_image_folder(image_dir: str, output_dir: str, split: str = 'train',
                          num_shards: int = 1, *, shuffle: bool = True,
                          seed: int = 0, overwrite: bool = False,
                          validation_percentage: float = 0.0,
-                         validation_split: str = 'eval') -> List[str]:
+                         validation_split: str = 'eval',
+                         min_classes: int = 2) -> List[str]:
   """Converts a one-subfolder-per-class image folder to sharded records,
   all or nothing (see the module docstring).
 
@@ -274,6 +291,9 @@ def convert_image_folder(image_dir: str, output_dir: str, split: str = 'train',
       (as TensorFlow's image-retraining example) into `validation_split`,
       the split eval.py reads by default; 0: none.
     validation_split: The held-out split's name.
+    min_classes: Fewer class subfolders are refused: with one, every label
+      is 0 and a classifier is right whatever it predicts (1 converts one
+      class, e.g. to try a format).
 
   Returns:
     The paths of the record files written.
@@ -281,6 +301,7 @@ def convert_image_folder(image_dir: str, output_dir: str, split: str = 'train',
   _pipeline.check_split_name(split)
   _pipeline.check_positive_int('num_shards', num_shards)
   scan = image_folder.scan_image_folder(image_dir)
+  _check_classes(scan, image_dir, min_classes)
   splits = _plan_splits(scan, split, num_shards, shuffle, seed,
                         validation_percentage, validation_split)
   tf.io.gfile.makedirs(output_dir)

@@ -105,4 +105,4 @@ def synthetic_dataset(split: str, batch_size: int, *,
   dataset = _epoch(batch, batch_size, num_examples, drop_remainder)
   if _default(repeat, is_training):
     dataset = dataset.repeat()
-  return dataset.prefetch(tf.data.AUTOTUNE)
+  return _pipeline.prefetch(dataset)

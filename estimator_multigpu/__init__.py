@@ -24,9 +24,11 @@ update (the chain of steps); `strategies/` say where variables live and how
 gradients combine; `cross_tower/` communicates between towers while they
 are built; `graph/` builds one graph; `collectives` holds TensorFlow's
 collective ops between towers; `runtime/`, `cluster/` and `devices/` run a
-job; `compat` is every TensorFlow internal used, by version.
+job; `compat` is every TensorFlow internal used, by version;
+`log_handlers` gives the package's absl lines one handler (each line once).
 
-What importing the package does depends on the TensorFlow line
+Importing the package gives the root logger a handler when it has none
+(`log_handlers`). The rest depends on the TensorFlow line
 (`compat.install`): on TF 2.15 nothing (TensorFlow is not even imported); on
 TF 2.16 to 2.21 it imports TensorFlow with `tf.keras` routed to tf-keras
 (`TF_USE_LEGACY_KERAS=1`) and makes tensorflow-estimator 2.15.0 available as
@@ -39,6 +41,9 @@ applied once, when `multi_gpu` first wraps a model_fn, or with
 import importlib
 
 from estimator_multigpu import compat as _compat
+from estimator_multigpu import log_handlers as _log_handlers
+
+_log_handlers.install()  # before any module logs: each line once.
 
 # Public name -> the module that defines it.
 _PUBLIC = {

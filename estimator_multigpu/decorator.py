@@ -45,6 +45,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   one device, up to floating-point rounding.
 
   Rules the `model_fn` must follow:
+
     1. Wrap every optimizer in `TowerOptimizer` (an unwrapped one is an error
        with more than one tower): a `tf.compat.v1.train` one or a Keras 2
        legacy one (`tf.keras.optimizers.legacy.*`; non-legacy and Keras 3
@@ -140,20 +141,20 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   shared.
 
   How each mode is merged:
-    TRAIN: loss = Σ (nᵢ/n)·lossᵢ ("mean") or Σ lossᵢ ("sum"); gradients summed
-      on the aggregation device (sparse stays sparse) and applied once;
+    - TRAIN: loss = Σ (nᵢ/n)·lossᵢ ("mean") or Σ lossᵢ ("sum"); gradients
+      summed on the aggregation device (sparse stays sparse) and applied once;
       tower 0's train_op, hooks, scaffold and summaries are kept. State the
-      train_op writes from the batch outside UPDATE_OPS: counts and sums
-      are every tower's, values made global with the cross-tower tools are
-      written once, anything else is a WARNING naming the variable. A NaN
-      loss fails the step with how many values of each feature and label
-      are NaN or Inf (one device: Estimator's bare NanLossDuringTrainingError).
-    EVAL: the loss as in TRAIN; each metric one device's (rule 6).
-    PREDICT: predictions and export outputs concatenated in input order
-      (batch-level ones through the cross-tower tools, rule 6); other axes
-      that differ between towers are padded to the largest across towers
-      with `prediction_pad_value`.
-    Export (every SavedModel Estimator writes, its TRAIN and EVAL meta
+      train_op writes from the batch outside UPDATE_OPS: counts and sums are
+      every tower's, values made global with the cross-tower tools are written
+      once, anything else is one WARNING naming the variables. A NaN loss fails
+      the step with how many values of each feature and label are NaN or Inf
+      (one device: Estimator's bare NanLossDuringTrainingError).
+    - EVAL: the loss as in TRAIN; each metric one device's (rule 6).
+    - PREDICT: predictions and export outputs concatenated in input order
+      (batch-level ones through the cross-tower tools, rule 6); other axes that
+      differ between towers are padded to the largest across towers with
+      `prediction_pad_value`.
+    - Export (every SavedModel Estimator writes, its TRAIN and EVAL meta
       graphs too: `graph.calling`): one tower, no device placement, so the
       SavedModel loads on any machine at any batch size.
 
@@ -184,7 +185,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
   whole (`global_step` and the EMA do not move), logged as a WARNING and
   counted in the `skipped_updates` summary. Export stays float32.
 
-  Example:
+  Examples:
     >>> @multi_gpu(devices=2)
     ... def model_fn(features, labels, mode, params):
     ...   logits = tf.compat.v1.layers.dense(features["x"], 10)

@@ -3,6 +3,8 @@
 - `nets_factory`: looks up a net by name (`get_network_fn`) with its arg
   scope; the zoo: `lenet`, `cifarnet`, `mlp`, and `slim_nets` (tf_slim's own
   classifiers adapted to the zoo's interface).
+- `strides`: how far a net downsamples its images
+  (`strides.collapsed_stride`: the size below which its maps vanish).
 
 `slim.batch_norm` (and so every ResNet and Inception) works on TensorFlow
 2.15 thanks to `estimator_multigpu.slim_compat`, which importing `nets`

@@ -22,6 +22,7 @@ interpreter, sharing their names like a notebook's cells; shell blocks in
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import pathlib
 import re
@@ -54,6 +55,15 @@ class Block:
   @property
   def runs(self) -> bool:
     return self.language in RUNNABLE and self.mark is None
+
+
+def docs_hook(name: str):
+  """The module docs/hooks/<name>.py (MkDocs' hooks), loaded from its file."""
+  spec = importlib.util.spec_from_file_location(
+      name, ROOT / "docs" / "hooks" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def pages() -> List[str]:

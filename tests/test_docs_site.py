@@ -6,7 +6,6 @@ run its check without MkDocs, and keep the pages' copies of the README's
 commands equal to the README's.
 """
 
-import importlib.util
 
 import doc_blocks
 
@@ -17,11 +16,7 @@ API = (ROOT / "docs" / "api.md").read_text()
 
 
 def hook():
-  spec = importlib.util.spec_from_file_location(
-      "api_names", ROOT / "docs" / "hooks" / "api_names.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return doc_blocks.docs_hook("api_names")
 
 
 def test_the_hook_reads_the_public_surface_of_the_package():

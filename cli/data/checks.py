@@ -20,6 +20,7 @@ from cli.model_dir import run_config
 import datasets
 from datasets import tfrecord
 import nets
+from nets import strides
 
 
 def classes_and_image_size(values: dict, given: dict,
@@ -37,17 +38,20 @@ def classes_and_image_size(values: dict, given: dict,
 
   Raises:
     ValueError: `--labels_offset` contradicts the record, `--num_classes`
-      the records' labels.txt, the data's channels the recorded model's, or
-      the net cannot take the image size.
+      the records' labels.txt, the data's channels the recorded model's, the
+      data has one class, or the net cannot take the image size.
+    FileNotFoundError: the recorded dataset dir is gone.
   """
   name, directory = values["dataset_name"], values["dataset_dir"]
   offset = values["labels_offset"] or 0
+  run_config.check_recorded_dir(record, given, model_dir)
   if record is not None:
     check_labels_offset(record.labels_offset, given, model_dir)
   if "num_classes" in given:
     check_num_classes(given["num_classes"], name, directory, offset)
   check_channels(name, record, model_dir)
   count = num_classes(name, directory, values["num_classes"], offset)
+  check_two_classes(count, name, directory, offset)
   size = image_size(values["model_name"], name, values["image_size"])
   check_image_size(values["model_name"], size, name)
   return count, size
@@ -86,6 +90,29 @@ def classes_after_offset(num_classes: int, offset: int,
         f"--labels_offset={offset} leaves no class of the {num_classes} of "
         f"dataset {dataset_name}; give an offset below {num_classes}.")
   return num_classes - offset
+
+
+def check_two_classes(count: int, dataset_name: str,
+                      dataset_dir: Optional[str], labels_offset: int) -> None:
+  """Raises when the data has one class (--num_classes=1 is refused while
+  the flags are parsed): every label would be right, accuracy 1.0.
+
+  Raises:
+    ValueError: naming the class, its labels file and the fix.
+  """
+  if count >= 2:
+    return
+  listed = (tfrecord.read_label_file(dataset_dir)
+            if listed_classes(dataset_name, dataset_dir) else {})
+  names = [listed[label] for label in sorted(listed)][labels_offset:]
+  what = f"one class, {names[0]!r}" if names else "one class"
+  offset = f" after --labels_offset={labels_offset}" if labels_offset else ""
+  raise ValueError(
+      f"--dataset_dir={dataset_dir} holds {what} ("
+      f"{os.path.join(dataset_dir or '', tfrecord.LABELS_FILENAME)}"
+      f"{offset}): a classifier needs two or more, or every prediction is "
+      "right (accuracy 1.0) and it learns nothing. Convert a folder with a "
+      "subfolder of images per class (python convert.py --image_dir=...).")
 
 
 def listed_classes(dataset_name: str,
@@ -167,7 +194,11 @@ def check_channels(dataset_name: str,
 
 def check_image_size(model_name: str, size: int, dataset_name: str) -> None:
   """Raises when the net cannot take `size` x `size` images (a net below
-  its default size is built once on a placeholder to find out).
+  its default size is built once on a placeholder to find out): a layer
+  fails to build, or a strided layer gets a map smaller than its stride
+  (`nets.collapsed_stride`: a net of SAME padding builds at any size, but
+  its maps shrink to 1x1 and it learns nothing; resnet_v1_50 at 8x8
+  diverged).
 
   Raises:
     ValueError: naming the net, the size, --image_size and the net's
@@ -177,17 +208,28 @@ def check_image_size(model_name: str, size: int, dataset_name: str) -> None:
   default = network_fn.default_image_size
   if size >= default:
     return
-  with tf.Graph().as_default():
+  fix = ("(the images are resized), or a net for small images such as lenet "
+         "or cifarnet.")
+  with tf.Graph().as_default() as graph:
+    images = tf.compat.v1.placeholder(
+        tf.float32, [1, size, size, channels(dataset_name)])
     try:
-      network_fn(tf.compat.v1.placeholder(
-          tf.float32, [1, size, size, channels(dataset_name)]))
+      network_fn(images)
     except ValueError as error:
       reason = str(error).splitlines()[0].split(" for '")[0]
       raise ValueError(
           f"--model_name={model_name} does not fit {size}x{size} images of "
           f"{dataset_name} ({reason}); its default size is {default}: give "
-          f"--image_size={default} (the images are resized), or a net for "
-          "small images such as lenet or cifarnet.") from error
+          f"--image_size={default} {fix}") from error
+  shrunk = strides.collapsed_stride(graph, images)
+  if shrunk is not None:
+    raise ValueError(
+        f"--model_name={model_name} does not fit {size}x{size} images of "
+        f"{dataset_name} (it downsamples them by {shrunk.total}: "
+        f"`{shrunk.op_name}` strides by {shrunk.stride} over a "
+        f"{shrunk.input_size}x{shrunk.input_size} map); it takes "
+        f"{shrunk.total}x{shrunk.total} and larger (default size {default}):"
+        f" give --image_size={shrunk.total} or more {fix}")
 
 
 def split_size(dataset_name: str, split: str, dataset_dir: Optional[str],

@@ -33,6 +33,14 @@ from cli.model_dir import run_config
 _CHECKPOINT_FILE = re.compile(r"\.(index|meta|data-\d+-of-\d+)$")
 
 
+def trained_step(model_dir: str) -> Optional[int]:
+  """The global step of the model dir's latest checkpoint (None: none)."""
+  checkpoint = tf.train.latest_checkpoint(model_dir)
+  if checkpoint is None:
+    return None
+  return int(tf.train.load_variable(checkpoint, "global_step"))
+
+
 def resolve_checkpoint(path: str, flag: str = "--checkpoint_path") -> str:
   """The checkpoint `path` names: itself, or a directory's latest (the
   newest that reads back when it has no `checkpoint` state file).

@@ -210,6 +210,34 @@ def _normalized(path: str) -> str:
   return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
 
 
+def absolute(path: Optional[str]) -> Optional[str]:
+  """A local `path` made absolute (None and URLs such as gs://... as
+  given)."""
+  if not path or "://" in path:
+    return path
+  return _normalized(path)
+
+
+def check_recorded_dir(record: Optional[RunRecord], given: dict,
+                       model_dir: str) -> None:
+  """Raises when the dataset dir a script takes from the record is gone.
+
+  Raises:
+    FileNotFoundError: naming the path as recorded, the record and the fix.
+  """
+  recorded = record.dataset_dir if record is not None else None
+  if not recorded or "dataset_dir" in given or "://" in recorded or (
+      os.path.isdir(recorded)):
+    return
+  relative = ("" if os.path.isabs(recorded) else
+              f" (relative to this directory, {os.getcwd()})")
+  raise FileNotFoundError(
+      f"--dataset_dir={recorded}, as recorded in {path(model_dir)} by "
+      f"train.py, is not a directory{relative}: the data moved or was "
+      "deleted. Move it back, or give --dataset_dir=<where it is now> "
+      "(eval.py, export.py; a resume of train.py reads the recorded one).")
+
+
 def schedule_changes(recorded: classifier.ClassifierConfig,
                      current: classifier.ClassifierConfig) -> list:
   """[(field, recorded value, current value)] of the schedule's fields and

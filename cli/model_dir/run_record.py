@@ -47,10 +47,12 @@ def run_options(settings: settings_lib.TrainSettings) -> dict:
 def run_record(setup: run_setup.ModelSetup,
                config: classifier.ClassifierConfig, towers: towers_lib.Towers,
                settings: settings_lib.TrainSettings) -> run_config.RunRecord:
-  """What run_config.json records for this run."""
+  """What run_config.json records for this run (its dataset dir absolute:
+  eval.py and a resume may run from another directory)."""
   return run_config.RunRecord(
       classifier=config, image_size=setup.image_size,
-      dataset_name=setup.dataset_name, dataset_dir=setup.dataset_dir,
+      dataset_name=setup.dataset_name,
+      dataset_dir=run_config.absolute(setup.dataset_dir),
       preprocessing=datasets.preprocessing(setup.dataset_name),
       max_steps=settings.optimization.max_steps,
       global_batch_size=settings.data.batch_size,

@@ -9,27 +9,19 @@ from __future__ import annotations
 from typing import Optional
 
 from absl import logging
-import tensorflow as tf
 
 from estimator_multigpu import cluster
 
 from cli import run_plan
 from cli import settings as settings_lib
+from cli.model_dir import checkpoints
 from cli.model_dir import restore_check
 from cli.model_dir import run_record
 
 
-def trained_step(model_dir: str) -> Optional[int]:
-  """The global step of the model dir's latest checkpoint (None: none)."""
-  checkpoint = tf.train.latest_checkpoint(model_dir)
-  if checkpoint is None:
-    return None
-  return int(tf.train.load_variable(checkpoint, "global_step"))
-
-
 def nothing_to_train(model_dir: str, max_steps: int) -> bool:
   """Logs and returns True when the model dir is at or past `max_steps`."""
-  step = trained_step(model_dir)
+  step = checkpoints.trained_step(model_dir)
   if step is None or step < max_steps:
     return False
   logging.warning(

@@ -1,6 +1,7 @@
 """Several machines on TensorFlow's own distributed runtime.
 
 Shared by both kinds of job:
+
 - `task`: which task this process runs (`Task`, from flags or TF_CONFIG), its
   server and session config (the evaluator's checkpoint loop is
   `estimator_multigpu.runtime.evaluation`).
@@ -13,6 +14,7 @@ Shared by both kinds of job:
   of a task of a Slurm job (docs/cluster/slurm.sbatch).
 
 One family per kind of job:
+
 - `ps`: parameter-server jobs (ps tasks hold the variables): `ps.job` (how a
   job starts and ends, `run_trainer`), `ps.control_queues` (the small queues
   and probes on the ps), `ps.watchdogs` (a trainer's watch on its ps and its

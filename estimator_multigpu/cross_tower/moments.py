@@ -81,7 +81,7 @@ def cross_tower_moments(x: tf.Tensor, axes: Sequence[int],
   `multi_gpu`) they are the local moments, the whole batch's. Every tower
   must make the same calls in the same order.
 
-  Example:
+  Examples:
     >>> mean, variance = emg.cross_tower_moments(x, axes=[0, 1, 2])
     >>> y = tf.nn.batch_normalization(x, mean, variance, beta, gamma, 1e-3)
 

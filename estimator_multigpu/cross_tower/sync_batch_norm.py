@@ -41,6 +41,7 @@ from estimator_multigpu import compat
 from estimator_multigpu.cross_tower import context as context_lib
 from estimator_multigpu.cross_tower import moments
 from estimator_multigpu.graph import patching
+from estimator_multigpu.graph import state_updates
 from estimator_multigpu.graph import warn_once
 
 tf1 = tf.compat.v1
@@ -144,7 +145,8 @@ def _keras_moments(original):
     if (moments.current_context() is None
         or self.virtual_batch_size is not None):
       _per_tower()
-      return original(self, inputs, reduction_axes, keep_dims, mask=mask)
+      return _own_statistics(original(self, inputs, reduction_axes, keep_dims,
+                                      mask=mask))
     weights = (None if mask is None else
                tf.expand_dims(tf.cast(mask, inputs.dtype), axis=-1))
     return moments.cross_tower_moments(inputs, reduction_axes,
@@ -161,7 +163,9 @@ def _keras_fused(original):
   def _fused_batch_norm(self, inputs, mask, training):
     if moments.current_context() is None:
       _per_tower(training)
-      return original(self, inputs, mask, training)
+      output = original(self, inputs, mask, training)
+      _own_statistics(_fused_statistics(output))
+      return output
     nn_module = tf1.nn  # Keras looks the op up here at call time.
     previous = nn_module.fused_batch_norm
     nn_module.fused_batch_norm = moments.sync_fused_batch_norm
@@ -187,31 +191,56 @@ class _SlimNN:
   def fused_batch_norm(*args, **kwargs):
     if moments.current_context() is None:
       _per_tower(kwargs.get("is_training", True))
+      result = moments.sync_fused_batch_norm(*args, **kwargs)
+      _own_statistics(result[1:3], kwargs.get("is_training", True))
+      return result
     return moments.sync_fused_batch_norm(*args, **kwargs)
 
   def moments(self, x, axes, shift=None, name=None, keep_dims=None,
               keepdims=None):
     if not _reduces_batch(x, axes):
-      return self.module.moments(x, axes, shift=shift, name=name,
-                                 keep_dims=keep_dims, keepdims=keepdims)
+      return _own_statistics(self.module.moments(
+          x, axes, shift=shift, name=name, keep_dims=keep_dims,
+          keepdims=keepdims), _batch_axis(x, axes))
     return moments.cross_tower_moments(
         x, axes, keepdims=bool(keepdims or keep_dims), name=name)
 
   def weighted_moments(self, x, axes, frequency_weights, name=None,
                        keep_dims=None, keepdims=None):
     if not _reduces_batch(x, axes):
-      return self.module.weighted_moments(
+      return _own_statistics(self.module.weighted_moments(
           x, axes, frequency_weights, name=name, keep_dims=keep_dims,
-          keepdims=keepdims)
+          keepdims=keepdims), _batch_axis(x, axes))
     return moments.cross_tower_moments(
         x, axes, keepdims=bool(keepdims or keep_dims),
         frequency_weights=frequency_weights, name=name)
 
 
+def _own_statistics(result, batch: bool = True):
+  """`result`, a layer's mean and variance of its tower's shard (when
+  `batch`), marked: the moving averages written from them are this
+  module's warning's (`state_updates` does not warn about them again)."""
+  if batch:
+    state_updates.mark_batch_norm_statistics(result)
+  return result
+
+
+def _fused_statistics(output) -> list:
+  """The batch mean and variance beside a fused batch norm's output (none
+  when a `tf.cond` on `training` hides the op)."""
+  op = output.op
+  return list(op.outputs[1:3]) if op.type.startswith("FusedBatchNorm") else []
+
+
+def _batch_axis(x, axes) -> bool:
+  """Whether moments of `x` over `axes` reduce the batch axis."""
+  rank = tf.convert_to_tensor(x).shape.rank
+  return rank is not None and 0 in [axis % rank for axis in axes]
+
+
 def _reduces_batch(x, axes) -> bool:
   """Whether moments of `x` over `axes` are batch statistics to share."""
-  rank = tf.convert_to_tensor(x).shape.rank
-  batch = rank is not None and 0 in [axis % rank for axis in axes]
+  batch = _batch_axis(x, axes)
   if batch and moments.current_context() is None:
     _per_tower()
   return batch and moments.current_context() is not None

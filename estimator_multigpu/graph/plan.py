@@ -128,7 +128,7 @@ def make_plan(groups: Optional[list], aggregation_device: Optional[str],
 
 
 def log_plan(plan: Plan, split: splitting.Split, mode: str) -> None:
-  """One INFO line with the plan."""
+  """One INFO line with the plan (gradients only in TRAIN)."""
   per_tower = (split.sizes if split.static else
                "known at run time (sizes differ by at most 1)")
   if plan.copies_per_tower and mode == "train":
@@ -138,9 +138,10 @@ def log_plan(plan: Plan, split: splitting.Split, mode: str) -> None:
                  f"{plan.all_reduce}{packing}")
   else:
     variables = (
-        f"on {devices_lib.short_name(plan.variable_device or plan.devices[0])}"
-        f"; gradients aggregated on "
-        f"{devices_lib.short_name(plan.aggregation_device)}")
+        f"on {devices_lib.short_name(plan.variable_device or plan.devices[0])}")
+    if mode == "train":  # eval and predict compute no gradients.
+      variables += (f"; gradients aggregated on "
+                    f"{devices_lib.short_name(plan.aggregation_device)}")
   logging.info(
       "multi_gpu %s: %d towers on %s; variables %s; global batch %s -> "
       "per-tower batch %s", mode, plan.num_towers,

@@ -20,15 +20,22 @@ reads the graph's structure (data flow, never names) of the value written:
   variable moves by the global batch's sum, whichever op runs it;
 - a write to a replicated variable's copies that the towers agree on (a
   max-norm constraint): every tower's runs, on its own copy;
+- a write whose value reads the shard only through a batch-norm layer's
+  statistics of it (the layer's moving averages outside UPDATE_OPS, e.g. a
+  Keras model's `updates` grouped into the train_op without
+  `sync_batch_norm`): the layer's own WARNING says it, once
+  (`mark_batch_norm_statistics`); a write of what the layer outputs is not;
 - anything else (a moving average, center loss reading its centers, a write
-  inside a `tf.cond`): a WARNING naming the variable, the op, how it runs
-  and the cross-tower tool that makes it exact (once per model and mode).
+  inside a `tf.cond`): a WARNING naming the variables, the ops, how they run
+  and the cross-tower tool that makes them exact: one line per model and
+  mode, however many variables share the cause.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Iterable, Optional
+import weakref
 
 from absl import logging
 import numpy as np
@@ -58,26 +65,51 @@ def reconcile(towers: list, shard: Iterable,
       among the ops of each type (else by name).
   """
   tower0 = towers[0]
+  if not tower0.optimizer_calls:  # unwrapped: an error, not these writes.
+    return []
+  batch_norms = list(_BATCH_NORM_STATISTICS.get(tf1.get_default_graph(),
+                                                {}).values())
   update_ops = {_op(t) for t in tower0.collections.get(
       tf1.GraphKeys.UPDATE_OPS, [])}
   reached = _runs([_op(tower0.spec.train_op)], stop=update_ops)
+  # The walk yields its stops: tower 0's UPDATE_OPS are multi_gpu's to run
+  # once per step (their writes are not the model_fn's own).
+  own = reached - update_ops
   updating = _runs(update_ops) if update_ops else set()
   tensors = [t for t in tf.nest.flatten(shard, expand_composites=True)
              if isinstance(t, tf.Tensor)]
   context = _Context(towers, _Shard({t.op for t in tensors},
                                     _static_shapes(tensors)), reached,
-                     tower_ops or {}, tensor_kinds.shard_analysis(shard))
+                     tower_ops or {}, tensor_kinds.shard_analysis(shard),
+                     batch_norms)
   skip = _not_the_model_fns(tower0)
   outside = (set(context.tower_ops.get(0, ())) - updating - reached -
              _initializers())
   outside -= runnable.run_by_nothing(
       [op for op in outside if writes_lib.writes_of(op)], tower0.spec,
       tower0.collections)
-  for op in sorted(reached | outside, key=lambda o: o.name):
+  inexact = []
+  for op in sorted(own | outside, key=lambda o: o.name):
     for write in writes_lib.writes_of(op):
       if write.variable not in skip:
-        _run_with(op, _reconcile_write(write, context))
+        _run_with(op, _reconcile_write(write, context, inexact))
+  _warn(inexact)
   return peer_collectives(reached)
+
+
+# Per graph: batch-norm layers' statistics of their tower's shard, by ref.
+_BATCH_NORM_STATISTICS: "weakref.WeakKeyDictionary" = (
+    weakref.WeakKeyDictionary())
+
+
+def mark_batch_norm_statistics(tensors) -> None:
+  """Marks a batch-norm layer's mean and variance of its tower's shard
+  (whose per-tower use the layer warned about): a write whose value reads
+  the shard only through them is that warning's, not another."""
+  for tensor in tf.nest.flatten(tensors):
+    if isinstance(tensor, tf.Tensor):
+      _BATCH_NORM_STATISTICS.setdefault(tensor.graph, {})[tensor.ref()] = (
+          tensor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +125,7 @@ class _Context:
   reached: set  # what tower 0's train_op runs.
   tower_ops: dict
   analysis: "tensor_kinds.ShardAnalysis"  # tower 0's tensors, by kind.
+  batch_norms: list  # batch-norm layers' statistics of their shard.
 
 
 def _not_the_model_fns(tower0) -> set:
@@ -146,8 +179,9 @@ def _constants(ops: set) -> list:
           for op in sorted(ops, key=lambda o: o.name) if op.type == "Const"]
 
 
-def _reconcile_write(write, context: _Context) -> list:
-  """Towers 1..'s writes tower 0's must run (maybe none; maybe a warning)."""
+def _reconcile_write(write, context: _Context, inexact: list) -> list:
+  """Towers 1..'s writes tower 0's must run (maybe none); appends to
+  `inexact` (write, how it runs) when it stays tower 0's shard's."""
   peers = [_peer(write, tower, context) for tower in context.towers[1:]]
   value = _runs(write.values, stop=dataflow.is_collective)
   peer_values = [_runs(p.values, stop=dataflow.is_collective)
@@ -167,7 +201,8 @@ def _reconcile_write(write, context: _Context) -> list:
                  "tower adds its shard's part.", write.variable.name,
                  write.kind)
     return [p.op for p in peers]
-  _warn(write, _how(write, context))
+  if not _batch_norms_own(write, value, context):
+    inexact.append((write, _how(write, context)))
   return []
 
 
@@ -186,6 +221,18 @@ def _same_checkpoint(value: set, peer_values: list) -> None:
   for op in {op for ops in peer_values for op in ops if op.type in _RESTORES}:
     if op.inputs[0] is not prefix:
       compat.private(op, "_update_input")(0, prefix)
+
+
+def _batch_norms_own(write, value: set, context: _Context) -> bool:
+  """Whether the write's `value` reads tower 0's shard only through
+  batch-norm statistics (and shapes: a Bessel correction's count): a
+  layer's moving average, which its one warning covers."""
+  if not any(t.op in value for t in context.batch_norms):
+    return False
+  shapes = [t for op in value if op.type in dataflow.SHAPE_OPS
+            for t in op.outputs]
+  reads = _runs(write.values, stop=context.batch_norms + shapes)
+  return not reads & context.shard.ops
 
 
 def _sums_examples(write, analysis: tensor_kinds.ShardAnalysis) -> bool:
@@ -246,19 +293,26 @@ def _counterpart(op, tower, tower_ops: dict):
 STATE_COLLECTION = "estimator_multigpu_train_op_state_updates"
 
 
-def _warn(write, how: str) -> None:
-  variable = write.variable
-  tf1.add_to_collection(STATE_COLLECTION, variable.name)
+def _warn(inexact: list) -> None:
+  """One WARNING for the writes that stay tower 0's shard's (once per model
+  and mode), naming each variable, its op and how it runs."""
+  if not inexact:
+    return
+  names = []
+  for write, how in inexact:
+    tf1.add_to_collection(STATE_COLLECTION, write.variable.name)
+    names.append(f"`{write.variable.name}` ({write.kind}, {how})")
+  count = (f"{len(names)} variables: " if len(names) > 1 else "")
   warn_once.warn(
-      f"state_update:{variable.name}",
-      "multi_gpu: the model_fn updates `%s` (%s, %s) from tower 0's shard "
-      "only: the value written depends on the tower's batch and is not one "
-      "of the global batch. Compute it over the global batch with "
+      "state_update",
+      "multi_gpu: the model_fn updates %s%s from tower 0's shard only: the "
+      "value written depends on the tower's batch and is not one of the "
+      "global batch. Compute it over the global batch with "
       "`emg.cross_tower_sum` (e.g. center loss: the per-class counts and "
       "sums) or `emg.cross_tower_moments` (batch-norm moving averages; or "
       "use tf.compat.v1.layers.BatchNormalization with "
       "multi_gpu(sync_batch_norm=True)), or put the update in UPDATE_OPS.",
-      variable.name, write.kind, how)
+      count, ", ".join(names))
 
 
 def peer_collectives(reached: set) -> list:

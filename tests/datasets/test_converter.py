@@ -196,8 +196,20 @@ def test_webp_converts_where_tensorflow_decodes_it(tmp_path):
     pytest.skip(f'TensorFlow {tf.__version__} does not decode WebP: the '
                 'skip is tested in test_skipped_files_are_counted_and_named')
   image_dir = folder(tmp_path, {'a': {'p.webp': WEBP_1X1}})
-  [path] = convert.convert_image_folder(image_dir, str(tmp_path / 'out'))
+  [path] = convert.convert_image_folder(image_dir, str(tmp_path / 'out'),
+                                        min_classes=1)
   assert stored(path) == [(b'png', 1, 1, 0)]
+
+
+def test_one_class_is_refused_naming_it(tmp_path):
+  # Issue 54: it converted, and train.py trained a 1-class net to
+  # accuracy=1.0000 without a word.
+  image_dir = folder(tmp_path, {'cats': pngs(2)})
+  with pytest.raises(ValueError, match=re.escape(
+      f'image_dir {image_dir} has one class subfolder, cats (2 images): a '
+      'classifier needs two or more')):
+    convert.convert_image_folder(image_dir, str(tmp_path / 'out'))
+  assert not os.path.exists(tmp_path / 'out')
 
 
 def test_a_class_of_undecodable_formats_only_is_refused(tmp_path):
@@ -279,7 +291,8 @@ def test_the_converter_stores_photos_upright(tmp_path, value):
       'p.png': png_with_exif(original, value),
       'j.jpg': jpeg_with_exif(jpeg, value, '>')}})
   out = str(tmp_path / 'out')
-  [path] = convert.convert_image_folder(image_dir, out, 'eval', shuffle=False)
+  [path] = convert.convert_image_folder(image_dir, out, 'eval', shuffle=False,
+                                        min_classes=1)
   height, width = (6, 4) if value in (6, 8) else (4, 6)
   assert stored(path) == [(b'jpeg', height, width, 0),
                           (b'png', height, width, 0)]

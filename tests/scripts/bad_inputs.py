@@ -69,6 +69,10 @@ def negative_label(tmp):
   write_records(f"{tmp}/data", [(png(), -1), (png(), 0)])
 
 
+def one_class(tmp):
+  write_records(f"{tmp}/data", [(png(), 0), (png(), 0)], classes=1)
+
+
 def no_shards(tmp):
   os.makedirs(f"{tmp}/data")
 

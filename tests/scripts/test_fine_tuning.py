@@ -236,12 +236,28 @@ def test_ignore_missing_vars_skips_them_with_a_log_line(tmp_path, caplog):
   assert restored == set(without(LENET_SHAPES, "LeNet/fc3"))
 
 
-def test_another_nets_checkpoint_restores_nothing_is_an_error(tmp_path):
+@pytest.mark.parametrize("ignore_missing", [False, True])
+def test_another_nets_checkpoint_is_one_message(tmp_path, ignore_missing):
+  # Issue 54: without --ignore_missing_vars this was "lacks 8 variable(s)
+  # ... Exclude them with --checkpoint_exclude_scopes=...", whose advice
+  # led to a second error.
   checkpoint = save_checkpoint(str(tmp_path / "model.ckpt-1"),
                                {"MLP/fc1/weights": (64, 10)})
+  with pytest.raises(ValueError) as error:
+    fine_tune_plan(tmp_path, checkpoint, ignore_missing=ignore_missing)
+  assert re.search(
+      r"--checkpoint_path=\S+ is another net's: it holds none of the 8 "
+      r"variables of the net --model_name builds \(LeNet/conv1/weights, .*"
+      r"; it holds MLP/fc1/weights\)\. Give a checkpoint of that net",
+      str(error.value)), str(error.value)
+  assert "exclude" not in str(error.value)
+
+
+def test_all_variables_excluded_is_an_error(tmp_path):
+  checkpoint = save_checkpoint(str(tmp_path / "model.ckpt-1"), LENET_SHAPES)
   with pytest.raises(ValueError, match="holds none of the variables to "
-                     "restore .* another net's"):
-    fine_tune_plan(tmp_path, checkpoint, ignore_missing=True)
+                     "restore .*all excluded"):
+    fine_tune_plan(tmp_path, checkpoint, exclude=["LeNet"])
 
 
 @pytest.mark.parametrize("path,expected", [

@@ -188,6 +188,9 @@ MISTAKES = [
     row("label_out_of_range", "train", RECORDS,
         r"label 7 of record 1 in .*/data/train-00000-of-00001.tfrecord is "
         r"outside \[0, 3\).*give --num_classes", setup=bad.label_out_of_range),
+    row("records_of_one_class", "train", RECORDS,
+        r"--dataset_dir=.*/data holds one class, 'c0' \(.*/data/labels.txt\)"
+        r": a classifier needs two or more", setup=bad.one_class),
     row("negative_label", "train", RECORDS,
         r"label -1 of record 0 in .*/data/train-00000-of-00001.tfrecord is "
         r"outside \[0, 3\)", setup=bad.negative_label),
@@ -270,6 +273,18 @@ MISTAKES = [
         r"--model_name=alexnet_v2 does not fit 8x8 images of digits "
         r"\(Negative dimension size .*\); its default size is 224: give "
         r"--image_size=224"),
+    row("net_shrinks_the_images_to_nothing", "train",
+        ["--model_name=resnet_v1_50", "--dataset_name=synthetic",
+         "--image_size=8"],
+        r"--model_name=resnet_v1_50 does not fit 8x8 images of synthetic "
+        r"\(it downsamples them by 32: `resnet_v1_50/\S+` strides by 2 "
+        r"over a 1x1 map\); it takes 32x32 and larger \(default size 224\):"
+        r" give --image_size=32 or more"),
+    row("checkpoint_of_another_net", "train",
+        ["--model_name=cifarnet", "--checkpoint_path={trained}",
+         "--dataset_name=synthetic"],
+        r"--checkpoint_path=\S+model.ckpt-2 is another net's: it holds none "
+        r"of the 10 variables of the net --model_name builds"),
     row("model_dir_written_by_a_live_run", "train", ["--model_dir={tmp}/model"],
         r"--model_dir=.*/model is being written by another training, PID "
         r"\d+ on host .*give another --model_dir", setup=bad.live_lock),
