@@ -26,30 +26,36 @@ from estimator_multigpu.compat import internals
 
 HOOK_ORDER = ("fixed_random", "empty_shards", "global_batch")
 _LOCK = threading.RLock()
-_ACTIVE: dict = {}  # hook name -> [hook, depth], process-wide.
-_STATE = threading.local()
+_PATCHES = [0]  # threads with active hooks (the gradient patch is global).
+_STATE = threading.local()  # TensorFlow's op callbacks are per thread too.
+
+
+def _active() -> dict:
+  """This thread's hooks: name -> [hook, depth]."""
+  if not hasattr(_STATE, "active"):
+    _STATE.active = {}
+  return _STATE.active
 
 
 @contextlib.contextmanager
 def installed(name: str, hook: Callable):
-  """Runs `hook` (named in `HOOK_ORDER`) on every op built inside, in this
-  and every other thread; scopes of one name nest."""
+  """Runs `hook` (named in `HOOK_ORDER`) on every op this thread builds
+  inside; scopes of one name nest."""
   if name not in HOOK_ORDER:
     raise ValueError(f"op hook {name!r} is not one of {HOOK_ORDER}.")
-  with _LOCK:
-    if not _ACTIVE:
-      _install()
-    entry = _ACTIVE.setdefault(name, [hook, 0])
-    entry[1] += 1
+  active = _active()
+  if not active:
+    _install()
+  entry = active.setdefault(name, [hook, 0])
+  entry[1] += 1
   try:
     yield
   finally:
-    with _LOCK:
-      _ACTIVE[name][1] -= 1
-      if not _ACTIVE[name][1]:
-        del _ACTIVE[name]
-      if not _ACTIVE:
-        _uninstall()
+    active[name][1] -= 1
+    if not active[name][1]:
+      del active[name]
+    if not active:
+      _uninstall()
 
 
 def original_op():
@@ -66,7 +72,8 @@ def _dispatch(op_type, inputs, attrs, outputs, op_name=None, graph=None):
   """The registered callback: the active hooks in `HOOK_ORDER`."""
   if building_gradients() or not outputs:
     return None
-  hooks = [_ACTIVE[n][0] for n in HOOK_ORDER if n in _ACTIVE]
+  active = _active()
+  hooks = [active[n][0] for n in HOOK_ORDER if n in active]
   _STATE.op = outputs[0].op
   current, replaced = outputs, False
   try:
@@ -97,21 +104,28 @@ _PATCHED = (("gradients_util", "_GradientsHelper"),
 
 
 def _install() -> None:
-  for key, name in _PATCHED:
-    module = internals.internal(key)
-    setattr(module, name, _counting(getattr(module, name)))
+  with _LOCK:
+    _PATCHES[0] += 1
+    if _PATCHES[0] == 1:
+      for key, name in _PATCHED:
+        module = internals.internal(key)
+        setattr(module, name, _counting(getattr(module, name)))
   internals.internal("op_callbacks").add_op_callback(_dispatch)
 
 
 def _uninstall() -> None:
   internals.internal("op_callbacks").remove_op_callback(_dispatch)
-  for key, name in _PATCHED:
-    module = internals.internal(key)
-    patched = getattr(module, name)
-    setattr(module, name,
-            getattr(patched, "estimator_multigpu_original", patched))
+  with _LOCK:
+    _PATCHES[0] -= 1
+    if _PATCHES[0]:
+      return
+    for key, name in _PATCHED:
+      module = internals.internal(key)
+      patched = getattr(module, name)
+      setattr(module, name,
+              getattr(patched, "estimator_multigpu_original", patched))
 
 
 def hooks_active() -> Optional[tuple]:
   """The names of the active hooks (tests)."""
-  return tuple(n for n in HOOK_ORDER if n in _ACTIVE) or None
+  return tuple(n for n in HOOK_ORDER if n in _active()) or None

@@ -144,6 +144,8 @@ ALLOWED = {
     ("check.py", "_FIXED_RANDOM"),
     # Maps reductions to the statistic kinds defined beside it.
     ("graph/shard_statistics.py", "_KIND_OF_REDUCTION"),
+    # The checkpoint restores a Scaffold's init_fn runs (issue 52).
+    ("graph/state_updates.py", "_RESTORES"),
 }
 
 
