@@ -133,20 +133,21 @@ def _run(model_fn, mode, batch, session_config, towers=None):
 @pytest.mark.parametrize("towers,batch", [(2, 7), (3, 7), (3, 2)])
 def test_eval_metrics_one_device(name, towers, batch, session_config):
   model_fn = _model_fn(metrics_of=EVALS[name])
-  want = _run(model_fn, EVAL, batch, session_config)
-  got = _run(model_fn, EVAL, batch, session_config, towers)
-  for key in want:
-    np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6,
-                               err_msg=key)
+  _assert_one_device(model_fn, EVAL, batch, session_config, towers)
 
 
 @pytest.mark.parametrize("name", sorted(PREDICTS))
 @pytest.mark.parametrize("towers,batch", [(2, 7), (3, 7), (3, 2)])
 def test_predictions_one_device(name, towers, batch, session_config):
   model_fn = _model_fn(predictions_of=PREDICTS[name])
-  want = _run(model_fn, PREDICT, batch, session_config)
-  got = _run(model_fn, PREDICT, batch, session_config, towers)
+  _assert_one_device(model_fn, PREDICT, batch, session_config, towers)
+
+
+def _assert_one_device(model_fn, mode, batch, session_config, towers):
+  """Every metric or prediction of `towers` is one device's (1e-5)."""
+  want = _run(model_fn, mode, batch, session_config)
+  got = _run(model_fn, mode, batch, session_config, towers)
   for key in want:
-    assert got[key].shape == want[key].shape, key
+    assert np.shape(got[key]) == np.shape(want[key]), key
     np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6,
                                err_msg=key)
