@@ -13,7 +13,11 @@ tower draws its own, the same in distribution as one device's draw but not
 bit for bit. During the check they are held at a fixed value (a uniform
 draw is 0.5, a normal one 0: dropout keeps every unit), in both runs, so the
 comparison is exact; initializers keep their randomness (the towers start
-from the one device's initial values anyway).
+from the one device's initial values anyway). A fixed draw is still a draw
+to the towers' graph walks (`dataflow.draws_random`): noise added to each
+tower's gradients is not the same in distribution as one device's, so it
+is named (`update.clipping.warn_if_noisy`) and the check fails, though the
+values agree.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from estimator_multigpu import decorator
 from estimator_multigpu import devices as devices_lib
 from estimator_multigpu.compat import op_hooks
 from estimator_multigpu.graph import calling
+from estimator_multigpu.graph import dataflow
 from estimator_multigpu.graph import plan as plan_lib
 from estimator_multigpu.graph import state_updates
 from estimator_multigpu.update import clipping
@@ -160,8 +165,11 @@ def _fixed_random(op_type, inputs, attrs, outputs, op_name=None, graph=None):
   if op_type not in _FIXED_RANDOM or "Initializer" in (op_name or ""):
     return None
   with tf.name_scope("fixed_for_check_towers"):
-    return [tf.fill(tf.cast(inputs[0], tf.int32),
-                    tf.cast(_FIXED_RANDOM[op_type], outputs[0].dtype))]
+    fixed = tf.fill(tf.cast(inputs[0], tf.int32),
+                    tf.cast(_FIXED_RANDOM[op_type], outputs[0].dtype))
+  # Still a draw to the graph's walks: per-tower gradient noise is named.
+  fixed.graph.add_to_collection(dataflow.FIXED_DRAWS_COLLECTION, fixed.op)
+  return [fixed]
 
 
 def _train(fn, input_fn, steps: int, params, config, initial,

@@ -53,7 +53,8 @@ class TowerCheck:
 
   Attributes:
     ok: every shared variable, and everything the user reads, agrees
-      within the tolerance.
+      within the tolerance, and the towers add no random noise to their
+      own gradients.
     worst: (name, max abs difference), largest first. A name is a
       variable, `eval/<metric>`, `predict/<key>`, `summary/<tag>` or
       `hook/<Hook>.<key>` (`check_readouts`); one the one device has and
@@ -68,6 +69,8 @@ class TowerCheck:
     causes: (likely cause, fix) pairs when not `ok`.
     not_compared: mode ("eval", "predict") -> why one device could not
       build or run it on these inputs, so it is not compared.
+    agree: everything compared agrees within the tolerance (not `ok`
+      only for per-tower gradient noise, held fixed by the check).
   """
   ok: bool
   worst: list
@@ -78,6 +81,7 @@ class TowerCheck:
   causes: list = dataclasses.field(default_factory=list)
   not_compared: dict = dataclasses.field(default_factory=dict)
   readouts: list = dataclasses.field(default_factory=list)
+  agree: bool = False
 
   def __str__(self) -> str:
     where = (f"{len(self.devices)} towers ({', '.join(self.devices)}), "
@@ -90,8 +94,11 @@ class TowerCheck:
           f"check_towers: OK: {where}: {len(self.worst)} variables and "
           f"readouts match one device (largest differences: "
           f"{largest or 'none'})."] + skipped)
-    lines = [f"check_towers: MISMATCH: {where}: the towers differ from one "
-             f"device (largest differences: {largest}); first-step loss "
+    verdict = ("the values agree with one device only because check_towers "
+               "holds random draws fixed" if self.agree else
+               "the towers differ from one device")
+    lines = [f"check_towers: MISMATCH: {where}: {verdict} "
+             f"(largest differences: {largest}); first-step loss "
              f"{self.loss_one_device:.6g} on one device, "
              f"{self.loss_towers:.6g} on the towers."]
     read = [pair for pair in self.readouts if pair not in self.worst][:3]
@@ -120,10 +127,12 @@ def compare(reference: Run, towers: Run, devices: list, steps: int,
       [pair for pair in worst if pair[0] in reference.final or
        not variables_differ], devices, steps, reference.first_loss,
       towers.first_loss, not_compared=dict(reference.not_compared),
-      readouts=[pair for pair in worst if pair[0] not in reference.final])
+      readouts=[pair for pair in worst if pair[0] not in reference.final],
+      agree=not differing)
   if not check.ok:
     check.causes = (causes(reference, towers, options, retry, accumulating)
-                    if variables_differ else check_readouts.causes(differing))
+                    if variables_differ else
+                    check_readouts.causes(differing) + _noise_causes(towers))
   return check
 
 
@@ -234,15 +243,7 @@ def _micro_batches(steps: int) -> tuple:
 def _structural_causes(towers: Run) -> list:
   """Causes found in the towers' graph: per-tower gradient noise, state the
   train_op updates from tower 0's shard."""
-  causes = []
-  if towers.noisy:
-    causes.append((
-        "random noise is added to each tower's gradients "
-        f"({', '.join(_short(towers.noisy))}), so the combined noise has "
-        "less than one device's standard deviation (check_towers holds "
-        "random draws fixed, so the values can still agree)",
-        "add the noise once, to the combined gradients: an optimizer that "
-        "wraps the inner one, inside TowerOptimizer"))
+  causes = _noise_causes(towers)
   if towers.state:
     causes.append((
         "the train_op updates state from tower 0's shard only, outside "
@@ -252,6 +253,17 @@ def _structural_causes(towers: Run) -> list:
         "emg.cross_tower_moments, or use a batch-norm layer with "
         "multi_gpu(..., sync_batch_norm=True)"))
   return causes
+
+
+def _noise_causes(towers: Run) -> list:
+  """Per-tower gradient noise, found in the towers' graph (`Run.noisy`)."""
+  return [(
+      "random noise is added to each tower's gradients "
+      f"({', '.join(_short(towers.noisy))}), so the combined noise has "
+      "less than one device's standard deviation (check_towers holds "
+      "random draws fixed, so the values can still agree)",
+      "add the noise once, to the combined gradients: an optimizer that "
+      "wraps the inner one, inside TowerOptimizer")] if towers.noisy else []
 
 
 def _short(names: list) -> list:

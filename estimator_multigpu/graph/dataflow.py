@@ -154,9 +154,16 @@ def is_collective(op: tf.Operation) -> bool:
   return op.type.startswith(_COLLECTIVE_PREFIXES)
 
 
+# The graph collection of the ops `check_towers` builds in place of a random
+# draw (a fixed value): still draws to whatever looks for them.
+FIXED_DRAWS_COLLECTION = "estimator_multigpu_draws_held_fixed"
+
+
 def draws_random(op: tf.Operation) -> bool:
-  """An op drawing random numbers (`RANDOM_PREFIXES`)."""
-  return op.type.startswith(RANDOM_PREFIXES)
+  """An op drawing random numbers (`RANDOM_PREFIXES`), or one `check_towers`
+  holds fixed (`FIXED_DRAWS_COLLECTION`)."""
+  return (op.type.startswith(RANDOM_PREFIXES) or
+          op in op.graph.get_collection(FIXED_DRAWS_COLLECTION))
 
 
 def before(tensor: tf.Tensor, op_types: Collection) -> tf.Tensor:

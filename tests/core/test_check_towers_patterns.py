@@ -7,7 +7,6 @@ import functools
 import logging
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import estimator_multigpu as emg
