@@ -34,7 +34,7 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
               sync_batch_norm: bool = False,
               synchronization: str = "sync",
               prediction_pad_value: Any = None,
-              global_batch: bool = False) -> Any:
+              global_batch: bool = True) -> Any:
   """Makes a single-device Estimator `model_fn` train on several devices.
 
   The global batch that `input_fn` yields is cut into one contiguous shard

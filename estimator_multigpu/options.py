@@ -159,7 +159,7 @@ class Options:
   synchronization: str = _option("sync", _check_synchronization_name)
   prediction_pad_value: prediction_padding.PadValue = _option(
       None, prediction_padding.check_pad_value)
-  global_batch: bool = _option(False, _check_global_batch)
+  global_batch: bool = _option(True, _check_global_batch)
 
   @property
   def groups(self) -> Optional[list]:

@@ -61,7 +61,11 @@ def loss_terms(towers: list, weights: Optional[list] = None) -> list:
 
 def check_scalar(loss) -> None:
   """Estimator's check, on a tower's loss: a shard's size is unknown to the
-  graph, so a per-example loss of unknown length would pass it."""
+  graph, so a per-example loss of unknown length would pass it (and be
+  reshaped to a scalar by `EstimatorSpec`, which fails at run time)."""
+  if getattr(loss, "op", None) is not None and loss.op.type == "Reshape" and (
+      loss.shape.rank == 0):
+    loss = loss.op.inputs[0]
   shape = getattr(loss, "shape", None)
   if shape is not None and shape.rank and shape.num_elements() != 1:
     raise ValueError(

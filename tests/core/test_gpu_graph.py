@@ -56,10 +56,11 @@ def fixture_gpu_graph(monkeypatch):
 
 
 def collectives_by_device(graph) -> dict:
-  """Per device, its gradient collectives in creation order."""
+  """Per device, its gradient collectives in creation order (not the global
+  batch's exchanges of a model_fn's statistics: `cross_tower_*` scopes)."""
   found: dict = {}
   for op in graph.get_operations():
-    if op.type in COLLECTIVES:
+    if op.type in COLLECTIVES and "cross_tower_" not in op.name:
       found.setdefault(op.device, []).append(op)
   return found
 
