@@ -144,7 +144,8 @@ def _tower_scopes(graph: _Graph, precision) -> list:
           ([precision.tower_scope] if precision else []) +
           ([canned.optimizer_scope] if graph.mode == ModeKeys.TRAIN else []) +
           [batch_size_param.scope_factory(graph.params, graph.split)] +
-          _regularization_scopes(graph.options, graph.strategy, graph.split) +
+          _regularization_scopes(graph.options, graph.strategy, graph.split,
+                                 bool(_global_batch_scopes(graph))) +
           _cross_tower_scopes(graph.plan, graph.split, graph.mode,
                               graph.options) + _global_batch_scopes(graph))
 
@@ -325,14 +326,17 @@ def _check_strategy(plan: plan_lib.Plan, cluster, num_ps: int) -> None:
         " and drop all_reduce='add_n'; or add ps tasks for 'shared'.")
 
 
-def _regularization_scopes(options: Options, strategy, split) -> list:
+def _regularization_scopes(options: Options, strategy, split,
+                           global_batch_on: bool) -> list:
   """Towers 1.. see regularization so it counts once; with "sum" over
   towers that wait for each other, tower 0's weight terms count alone
-  (`cross_tower.regularization`)."""
+  (`cross_tower.regularization`), unless the global batch's rewrite counts
+  every uniform term of a tower's loss by its share (`tower_loss`)."""
   if len(split.shards) < 2:
     return []
   return [regularization.scope_factory(
-      split, options.loss_reduction == "sum" and strategy.waits_for_towers)]
+      split, options.loss_reduction == "sum" and strategy.waits_for_towers
+      and not global_batch_on)]
 
 
 def _cross_tower_scopes(plan, split, mode, options: Options) -> list:

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from estimator_multigpu.graph import precision
 from estimator_multigpu.graph import towers as towers_lib
+from estimator_multigpu.graph.global_batch import state as global_batch
 from estimator_multigpu.update import clipping
 from estimator_multigpu.update import triggers
 
@@ -43,6 +44,7 @@ def tower_gradients(tower, loss, compute) -> list:
     tower.deferred_dependencies.append(
         tf.no_op(name="control_dependencies_of_compute_gradients"))
   with triggers.outside(branch), tf.control_dependencies(None):
+    loss = global_batch.tower_loss(loss)  # counted once by the combination.
     loss = precision.scale_loss(loss)  # float32 (× loss scale: float16)
     grads_and_vars = list(compute(loss))
   grads_and_vars = _as_tower0_variables(tower, grads_and_vars)

@@ -77,9 +77,18 @@ def _activity_loss(features, labels, reduction):
   return tf1.losses.get_total_loss()
 
 
+def _by_hand_loss(features, labels, reduction):
+  """A weight decay written by hand, added to the loss directly: a uniform
+  term of every tower's loss, counted by the tower's share of it."""
+  w = tf1.get_variable("w", [3, 2], initializer=INIT)
+  decay = 0.15 * tf.add_n([tf.nn.l2_loss(v)
+                           for v in tf1.trainable_variables()])
+  return _data_loss(labels, features @ w, reduction) + decay
+
+
 SPELLINGS = {"layers": _layers_loss, "get_variable": _get_variable_loss,
              "keras": _keras_loss, "added": _added_loss,
-             "activity": _activity_loss}
+             "activity": _activity_loss, "by_hand": _by_hand_loss}
 
 
 def make_model_fn(loss_fn, reduction):
@@ -96,10 +105,7 @@ def make_model_fn(loss_fn, reduction):
     ("sum", 2, "shared"), ("sum", 3, "replicated"), ("mean", 3, "shared"),
     ("mean", 2, "replicated")])
 def test_regularization_counts_once(spelling, reduction, towers,
-                                    variable_update, session_config):
-  if spelling == "activity" and reduction == "sum":
-    pytest.skip("an activity regularizer is a mean over the shard (Keras "
-                "divides by its batch size): not a term of a summed loss")
+                                    variable_update, session_config, caplog):
   fn = make_model_fn(SPELLINGS[spelling], reduction)
   want, want_loss = harness.train(fn, X, Y, 2, session_config)
   got, got_loss = harness.train(fn, X, Y, 2, session_config,
@@ -107,26 +113,21 @@ def test_regularization_counts_once(spelling, reduction, towers,
                                 variable_update=variable_update)
   assert abs(got_loss - want_loss) < 1e-5 * max(1.0, abs(want_loss))
   harness.assert_same_variables(got, want)
-
-
-def _by_hand_loss(features, labels, reduction):
-  """A weight decay written by hand, added to the loss directly."""
-  w = tf1.get_variable("w", [3, 2], initializer=INIT)
-  decay = 0.15 * tf.add_n([tf.nn.l2_loss(v)
-                           for v in tf1.trainable_variables()])
-  return _data_loss(labels, features @ w, reduction) + decay
+  assert not [r for r in caplog.records if "REGULARIZATION_LOSSES" in
+              r.getMessage()]
 
 
 @pytest.mark.parametrize("loss_fn,warned", [(_by_hand_loss, True),
                                             (_layers_loss, False),
                                             (_keras_loss, False)])
-def test_a_decay_added_by_hand_under_sum_is_a_warning(loss_fn, warned,
-                                                      session_config,
-                                                      caplog):
+def test_without_the_global_batch_a_decay_by_hand_under_sum_warns(
+    loss_fn, warned, session_config, caplog):
+  # global_batch=False: tower 0's weight terms count alone, and a term of
+  # the loss computed from the variables only, not among them, is warned.
   with tf.Graph().as_default():
     harness.call(emg.multi_gpu(make_model_fn(loss_fn, "sum"),
                                devices=harness.cpu_devices(2),
-                               loss_reduction="sum"),
+                               loss_reduction="sum", global_batch=False),
                  tf.constant(X), tf.constant(Y),
                  tf.estimator.ModeKeys.TRAIN, session_config)
   messages = [r.getMessage() for r in caplog.records

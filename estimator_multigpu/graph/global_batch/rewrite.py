@@ -94,6 +94,7 @@ class TowerRewrite:
     self._mark = mark or (lambda tensor, kind: None)
     self._stateful_seen = 0
     self._exchanged: list = []
+    self._losses: dict = {}  # a loss's ref -> what `tower_loss` made of it.
 
   def kind_of(self, tensor: tf.Tensor) -> K.Kind:
     kind = self.kinds.get(tensor.ref())
@@ -120,6 +121,30 @@ class TowerRewrite:
     if self.suspended or graph is not self.graph or op.type in _CONTROL_FLOW:
       return self._keep(outputs, _unrewritten(view, verdict))
     return self._rewrite(view, verdict, outputs)
+
+  def tower_loss(self, loss: tf.Tensor) -> tf.Tensor:
+    """`loss` as the towers' combination counts it: of the loss reduction's
+    kind (a MEAN Σᵢ wᵢ·lossᵢ, a SUM Σᵢ lossᵢ). A statistic of the other
+    kind is made global; a global (uniform) value under "sum" is this
+    tower's share of it, wᵢ·loss, so the towers count it once."""
+    kind = self.kind_of(loss)
+    if kind == self.share_kind or not (kind.is_statistic or kind.is_uniform) or (
+        kind.is_uniform and self.share_kind == K.MEAN):
+      return loss
+    if loss.ref() not in self._losses:
+      self.suspended += 1
+      try:
+        converted = loss
+        if kind.is_statistic:
+          converted = exchange.global_statistic(loss, kind.name, self.share)
+        if self.share_kind == K.SUM:
+          converted = tf.math.multiply_no_nan(
+              converted, tf.cast(self.share, converted.dtype))
+      finally:
+        self.suspended -= 1
+      self.set_kind(converted, self.share_kind)
+      self._losses[loss.ref()] = converted
+    return self._losses[loss.ref()]
 
   def _keep(self, outputs, kinds) -> None:
     for tensor, kind in zip(outputs, kinds):

@@ -53,6 +53,9 @@ def scope_factory(split, shares: list, loss_reduction: str,
         mark=(analysis.mark if analysis is not None else None))
     with state.tower_scope(rewrite):
       yield
+      output = getattr(tower, "output", None)
+      if getattr(output, "loss", None) is not None:
+        tower.output = output._replace(loss=rewrite.tower_loss(output.loss))
     if towers_out is not None:
       towers_out.append(rewrite)
   return scope

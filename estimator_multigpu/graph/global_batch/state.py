@@ -62,3 +62,13 @@ def mark(tensor: tf.Tensor, kind_name: str) -> tf.Tensor:
   return tensor
 
 
+
+
+def tower_loss(loss):
+  """`loss` as the towers' combination counts it, inside a tower being
+  rewritten (`rewrite.TowerRewrite.tower_loss`); else `loss`."""
+  rewrite = current()
+  if rewrite is None or not isinstance(loss, tf.Tensor) or (
+      loss.graph is not rewrite.graph):
+    return loss
+  return rewrite.tower_loss(loss)
