@@ -48,6 +48,7 @@ from estimator_multigpu.graph import shard_statistics
 from estimator_multigpu.graph import tensor_kinds
 from estimator_multigpu.graph import warn_once
 from estimator_multigpu.graph import writes as writes_lib
+from estimator_multigpu.graph.global_batch import scopes as global_batch
 
 tf1 = tf.compat.v1
 
@@ -195,6 +196,10 @@ def _reconcile_write(write, context: _Context, inexact: list) -> list:
       return []
     _same_checkpoint(value, peer_values)
     return [p.op for p in peers]
+  if (write.kind in _ROW_WRITES and all(peers) and not own_copies and
+      global_batch.rows_of_examples(write.values)):
+    # Ids and values per example: each tower writes its own rows.
+    return [p.op for p in peers]
   if (write.additive and write.variable not in value and all(peers)
       and not own_copies and _sums_examples(write, context.analysis)):
     logging.info("multi_gpu: `%s` is updated with the step (%s): every "
@@ -207,6 +212,8 @@ def _reconcile_write(write, context: _Context, inexact: list) -> list:
 
 
 _RESTORES = frozenset({"RestoreV2", "Restore", "RestoreSlice"})
+_ROW_WRITES = frozenset({"ResourceScatterUpdate", "ScatterUpdate",
+                         "ResourceScatterNdUpdate", "ScatterNdUpdate"})
 
 
 def _same_checkpoint(value: set, peer_values: list) -> None:

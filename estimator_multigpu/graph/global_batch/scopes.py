@@ -116,6 +116,15 @@ def is_global(tensor) -> bool:
              tower0.records for tower0 in _BY_GRAPH.get(tensor.graph, []))
 
 
+def rows_of_examples(tensors) -> bool:
+  """Whether tower 0's `tensors` are all per-example rows of its shard (on
+  axis 0), by the global batch's rewrite: a write of them (a scatter keyed
+  by example ids) writes the shard's own rows, as every tower's does."""
+  towers0 = _BY_GRAPH.get(tf1.get_default_graph(), [])
+  return bool(towers0 and tensors) and all(
+      towers0[-1].kinds.get(t.ref()) == kinds.rows(0) for t in tensors)
+
+
 def tower_records(built: list) -> list:
   """Every tower's records (tests: the towers decided alike)."""
   return [[(r.op_type, r.how, r.gathered, r.statistics) for r in t.records]
