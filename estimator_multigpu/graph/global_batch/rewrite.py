@@ -160,7 +160,7 @@ class TowerRewrite:
       local = table.classify(OpView(view.op, inputs, kinds))
       if isinstance(local, list):
         self.records.append(record)
-        return self._returned(_recreate(view.op, inputs), local)
+        return self._returned(_rewire(view.op, inputs), local)
       record.how = K.GLOBALLY
     return self._global(view, inputs, kinds, record)
 
@@ -205,11 +205,11 @@ class TowerRewrite:
     """A stateful op (a `tf.py_func`) runs in tower 0 only: the others take
     its outputs, after their own gathers (whose collectives must run)."""
     if not op.op_def.is_stateful:
-      return _recreate(op, inputs)
+      return _rewire(op, inputs)
     position = self._stateful_seen
     self._stateful_seen += 1
     if self.tower_index == 0:
-      outputs = _recreate(op, inputs)
+      outputs = _rewire(op, inputs)
       self.shared.stateful.append(outputs)
       return outputs
     with tf.control_dependencies(inputs):
@@ -258,12 +258,14 @@ def _unrewritten(view: OpView, verdict: str) -> list:
   return [K.LOCAL] * view.num_outputs
 
 
-def _recreate(op: tf.Operation, inputs: list) -> list:
-  graph = tf1.get_default_graph()
-  created = compat.private(graph, "_create_op_internal")(
-      op.type, list(inputs), dtypes=[o.dtype for o in op.outputs],
-      attrs=dict(op.node_def.attr))
-  return list(created.outputs)
+def _rewire(op: tf.Operation, inputs: list) -> list:
+  """`op` itself computes on `inputs` (its global values): its name, which
+  a hook, a summary or a fetch by name reads, is the global batch's. Its
+  outputs' shapes are relaxed where the new inputs make them differ."""
+  for index, (old, new) in enumerate(zip(op.inputs, inputs)):
+    if new is not old:
+      compat.private(op, "_update_input")(index, new)
+  return list(op.outputs)
 
 
 def _inside(graph, tower_graph) -> bool:
