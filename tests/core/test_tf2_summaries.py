@@ -104,6 +104,22 @@ def _train_step(num_towers, spelling, rows, logdir):
   return _events(logdir)
 
 
+def _skip_without_tensorboard(spelling):
+  if spelling == "tensorboard" and not HAVE_TENSORBOARD:
+    pytest.skip("tf.summary.scalar and histogram need TensorBoard")
+
+
+def _assert_logits(written, logits, spelling):
+  """`written` is `logits` whole, or (TensorBoard) its histogram."""
+  if spelling != "tensorboard":
+    np.testing.assert_allclose(written, logits, rtol=1e-5)
+    return
+  # Buckets: left edge, right edge, count.
+  np.testing.assert_allclose(written[:, 2].sum(), logits.size)
+  np.testing.assert_allclose(written[0, 0], logits.min(), rtol=1e-5)
+  np.testing.assert_allclose(written[-1, 1], logits.max(), rtol=1e-5)
+
+
 def _one_device(rows):
   """The loss, accuracy and logits of `rows` (numpy)."""
   logits = X[rows] @ W0
@@ -119,8 +135,7 @@ def _one_device(rows):
                                              (3, slice(5, 7))])
 def test_host_call_summaries_are_one_devices(num_towers, rows, spelling,
                                              tmp_path):
-  if spelling == "tensorboard" and not HAVE_TENSORBOARD:
-    pytest.skip("tf.summary.scalar and histogram need TensorBoard")
+  _skip_without_tensorboard(spelling)
   loss, accuracy, logits = _one_device(rows)
   one = _train_step(None, spelling, rows, str(tmp_path / "one"))
   got = _train_step(num_towers, spelling, rows, str(tmp_path / "towers"))
@@ -129,13 +144,7 @@ def test_host_call_summaries_are_one_devices(num_towers, rows, spelling,
     assert all(len(values) == 1 for values in written.values()), written
     np.testing.assert_allclose(written["loss"][0], loss, rtol=1e-5)
     np.testing.assert_allclose(written["accuracy"][0], accuracy, rtol=1e-5)
-    if spelling == "tensorboard":   # buckets: left edge, right edge, count.
-      buckets = written["logits"][0]
-      np.testing.assert_allclose(buckets[:, 2].sum(), logits.size)
-      np.testing.assert_allclose(buckets[0, 0], logits.min(), rtol=1e-5)
-      np.testing.assert_allclose(buckets[-1, 1], logits.max(), rtol=1e-5)
-    else:
-      np.testing.assert_allclose(written["logits"][0], logits, rtol=1e-5)
+    _assert_logits(written["logits"][0], logits, spelling)
   for tag in got:
     np.testing.assert_allclose(got[tag][0], one[tag][0], rtol=1e-5,
                                atol=1e-6, err_msg=tag)
@@ -161,10 +170,10 @@ def _written(tag):
           tf.get_static_value(op.inputs[3]).item().decode() == tag]
 
 
-@pytest.mark.parametrize("spelling", ["tf.summary.write",
-                                      "tf.compat.v2.summary.write"])
+@pytest.mark.parametrize("spelling", list(SPELLINGS))
 @pytest.mark.parametrize("num_towers", [2, 3])
 def test_model_fn_writes_are_one_devices(num_towers, spelling, tmp_path):
+  _skip_without_tensorboard(spelling)
   loss, _, logits = _one_device(slice(0, 5))
   config = emg.make_session_config(num_cpus=4)
   with tf.Graph().as_default():
@@ -179,4 +188,4 @@ def test_model_fn_writes_are_one_devices(num_towers, spelling, tmp_path):
       session.run(tf1.global_variables_initializer())
       got = session.run({tag: w[0] for tag, w in written.items()})
   np.testing.assert_allclose(got["loss"], loss, rtol=1e-5)
-  np.testing.assert_allclose(got["logits"], logits, rtol=1e-5)
+  _assert_logits(got["logits"], logits, spelling)
