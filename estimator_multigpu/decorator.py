@@ -101,8 +101,9 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
        in tower 0, from the global batch (`graph.global_calls`): every
        `tf.compat.v1.metrics`, tf-slim and TF-Ranking metric, a Keras
        `Metric.update_state` (the canned heads' included), a
-       `TPUEstimatorSpec`'s `eval_metrics` and `host_call`, and
-       `tf.compat.v1.summary.*` / TF2 `tf.summary.*`. The API sees the
+       `TPUEstimatorSpec`'s `eval_metrics` and `host_call` (returned, or
+       converted in the model_fn), and `tf.compat.v1.summary.*` / TF2
+       `tf.summary.*` (`tf.summary.write` too). The API sees the
        towers' per-example tensors concatenated in input order, and each
        scalar it is fed as the global batch's: the loss and LOSSES terms
        with the towers' loss weights, a mean, sum, max, min or count of the

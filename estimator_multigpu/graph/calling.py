@@ -29,7 +29,6 @@ import tensorflow as tf
 
 from estimator_multigpu import compat
 from estimator_multigpu.graph import dataflow
-from estimator_multigpu.graph import global_calls
 from estimator_multigpu.graph import warm_starts
 
 function_utils = compat.internal("function_utils")
@@ -48,7 +47,7 @@ def call_model_fn(model_fn, features, labels, mode, params, config):
     spec = model_fn(features, labels, **kwargs) if "labels" in accepted else (
         model_fn(features, **kwargs))
   if hasattr(spec, "as_estimator_spec"):  # TPUEstimatorSpec (Google BERT).
-    spec = _host_calls_once(spec).as_estimator_spec()
+    spec = spec.as_estimator_spec()  # host calls once: `readout_apis`.
   if not isinstance(spec, tf.estimator.EstimatorSpec):
     raise TypeError(
         f"The model_fn returned {type(spec).__name__} ({spec!r:.80}); "
@@ -58,19 +57,6 @@ def call_model_fn(model_fn, features, labels, mode, params, config):
         f"The model_fn returned an EstimatorSpec without a loss in {mode} "
         "mode; `multi_gpu` needs each tower's loss to combine them.")
   return spec
-
-
-def _host_calls_once(spec):
-  """A TPUEstimatorSpec whose `eval_metrics` and `host_call` functions are
-  called once, on the towers' tensors joined into the global batch's (as a
-  TPU joins its cores'): `global_calls`."""
-  fields = spec._asdict()  # pylint: disable=protected-access
-  for key in ("eval_metrics", "host_call"):
-    if fields.get(key) is not None:
-      fn, tensors = fields[key]
-      fields[key] = (global_calls.wrap(fn, f"TPUEstimatorSpec.{key}"),
-                     tensors)
-  return type(spec)(**fields)
 
 
 def is_export_graph(features: Any, mode: str) -> bool:

@@ -271,7 +271,7 @@ def _collect(fn: Callable, args: tuple, kwargs: dict, summary) -> None:
 def _tag(api: str, args: tuple, kwargs: dict) -> Optional[str]:
   if "summary" not in api:
     return None
-  name = args[0] if args else kwargs.get("name")
+  name = args[0] if args else kwargs.get("tag", kwargs.get("name"))
   return name if isinstance(name, str) else None
 
 

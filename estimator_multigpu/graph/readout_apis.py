@@ -6,7 +6,13 @@ it is defined in), of tf-slim's `metrics` and of TF-Ranking's `metrics`
 `values`; and a Keras metric's `update_state` (through Keras's own
 `update_state_wrapper`, so every metric class built while towers are built).
 Summaries: `tf.compat.v1.summary` and TF2 `tf.summary` scalar, histogram,
-image, audio, text (and v1 `tensor_summary`). `tf.math.zero_fraction`
+image, audio, text (and v1 `tensor_summary`), and `write`, which every TF2
+summary (TensorBoard's too) writes through, each in every module that binds
+it (`tf.summary`, `tf.compat.v2.summary`: one module on TF 2.15, two from
+2.16). A `TPUEstimatorSpec`'s `eval_metrics` and `host_call` functions,
+wherever `as_estimator_spec()` is called (in the model_fn, as
+tensorflow/tpu's resnet_main.py does, or by `multi_gpu` on the spec it
+returns): what they build, whatever API writes it. `tf.math.zero_fraction`
 (the canned estimators' `fraction_of_zero_values` summaries) is replaced by
 the mean of `value == 0`, without its `tf.cond`, so a summary of it reads as
 a mean over the shard's examples. `PATCH` puts the wrapped functions in
@@ -32,7 +38,7 @@ _OPTIONAL_METRIC_MODULES = ("tf_slim.metrics", "tf_slim.metrics.metric_ops",
 _METRIC_FIRST_ARGUMENTS = ("labels", "predictions", "values")
 _V1_SUMMARIES = ("scalar", "histogram", "image", "audio", "text",
                  "tensor_summary")
-_V2_SUMMARIES = ("scalar", "histogram", "image", "audio", "text")
+_V2_SUMMARIES = ("scalar", "histogram", "image", "audio", "text", "write")
 
 _ORIGINALS: list = []  # (module, name, original function) while installed.
 _ZERO_FRACTION_MODULES = (tf.math, tf.nn, tf1.math, tf1.nn)
@@ -74,8 +80,9 @@ def _targets() -> list:
   for module in (tf1.summary, summary_v1):
     targets += [(module, name, f"tf.compat.v1.summary.{name}")
                 for name in _V1_SUMMARIES if hasattr(module, name)]
-  targets += [(tf.summary, name, f"tf.summary.{name}")
-              for name in _V2_SUMMARIES if hasattr(tf.summary, name)]
+  modules = {id(m): m for m in (tf.summary, tf.compat.v2.summary)}.values()
+  targets += [(module, name, f"tf.summary.{name}") for module in modules
+              for name in _V2_SUMMARIES if name in vars(module)]
   return targets
 
 
@@ -96,12 +103,30 @@ def _install() -> None:
   for module in _ZERO_FRACTION_MODULES:
     _ORIGINALS.append((module, "zero_fraction", module.zero_fraction))
     module.zero_fraction = zero_fraction
+  spec = tf1.estimator.tpu.TPUEstimatorSpec
+  original_spec = vars(spec)["as_estimator_spec"]
+  _ORIGINALS.append((spec, "as_estimator_spec", original_spec))
+  spec.as_estimator_spec = lambda tpu_spec: original_spec(
+      _host_calls_once(tpu_spec))
   metrics_utils = compat.internal("keras_metrics_utils")
   original = metrics_utils.update_state_wrapper
   _ORIGINALS.append((metrics_utils, "update_state_wrapper", original))
   metrics_utils.update_state_wrapper = lambda update_state_fn: original(
       global_calls.wrap(update_state_fn, _keras_api(update_state_fn),
                         build_in_peers=True))
+
+
+def _host_calls_once(spec):
+  """`spec` (a TPUEstimatorSpec) with its `eval_metrics` and `host_call`
+  functions called once, on the towers' tensors joined into the global
+  batch's (as a TPU joins its cores'): `global_calls`."""
+  fields = spec._asdict()  # pylint: disable=protected-access
+  for key in ("eval_metrics", "host_call"):
+    if fields.get(key) is not None:
+      fn, tensors = fields[key]
+      fields[key] = (global_calls.wrap(fn, f"TPUEstimatorSpec.{key}"),
+                     tensors)
+  return type(spec)(**fields)
 
 
 def _keras_api(update_state_fn) -> str:
