@@ -181,8 +181,13 @@ class GraphKeys:
 
 
 def graph_keys(graph: Optional[tf.Graph] = None) -> GraphKeys:
-  """The keys of `graph` (default: the default graph)."""
+  """The keys of `graph` (default: the default graph); a function body's
+  (a `tf.cond` branch, a `tf.while_loop` body, a gradient of one) are its
+  outermost graph's: one sequence of keys, so a collective built in a body
+  never reuses a key of the graph around it."""
   graph = graph or tf1.get_default_graph()
+  while getattr(graph, "outer_graph", None) is not None:
+    graph = graph.outer_graph
   with _LOCK:
     if graph not in _GRAPH_KEYS:
       _GRAPH_KEYS[graph] = GraphKeys()

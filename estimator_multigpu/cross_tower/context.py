@@ -52,11 +52,15 @@ class TowerContext:
 
 def current(synchronize_moments: bool = False) -> Optional[TowerContext]:
   """The innermost context of this thread and the default graph (with
-  `synchronize_moments`: the innermost that synchronizes moments)."""
-  graph = tf1.get_default_graph()
+  `synchronize_moments`: the innermost that synchronizes moments). Inside
+  a function body (a `tf.cond` branch, a `tf.while_loop` body) it is the
+  context of the graph around it."""
+  graphs = [tf1.get_default_graph()]
+  while getattr(graphs[-1], "outer_graph", None) is not None:
+    graphs.append(graphs[-1].outer_graph)
   for context in reversed(getattr(_STACK, "contexts", [])):
-    if context.graph is graph and (context.synchronize_moments or
-                                   not synchronize_moments):
+    if any(context.graph is g for g in graphs) and (
+        context.synchronize_moments or not synchronize_moments):
       return context
   return None
 

@@ -25,6 +25,8 @@ from estimator_multigpu.graph.global_batch import table
 from estimator_multigpu.graph.global_batch.op_view import OpView
 
 tf1 = tf.compat.v1
+_BRANCHING = frozenset({"If", "StatelessIf"})
+_LOOP_GRAPHS = frozenset({"WhileBodyFuncGraph", "WhileCondFuncGraph"})
 _CONTROL_FLOW = frozenset("If StatelessIf While StatelessWhile Case "
                           "StatelessCase PartitionedCall "
                           "StatefulPartitionedCall".split())
@@ -65,7 +67,8 @@ class Shared:
     """Tower 0 records its `anchor`; the others make it wait for theirs."""
     if tower_index == 0:
       self.anchors.append(anchor)
-    elif exchanged and position < len(self.anchors):
+    elif exchanged and position < len(self.anchors) and (
+        self.anchors[position] is not None and anchor is not None):
       compat.private(self.anchors[position], "_add_control_inputs")(
           [t.op for t in exchanged])
 
@@ -95,6 +98,7 @@ class TowerRewrite:
     self._stateful_seen = 0
     self._exchanged: list = []
     self._losses: dict = {}  # a loss's ref -> what `tower_loss` made of it.
+    self._rewritten_bodies: set = set()  # names of branches with rewrites.
 
   def kind_of(self, tensor: tf.Tensor) -> K.Kind:
     kind = self.kinds.get(tensor.ref())
@@ -112,15 +116,42 @@ class TowerRewrite:
     """The op hook (`compat.op_hooks`)."""
     del op_type, attrs, op_name
     op = op_hooks.original_op()
-    if op is None or not _inside(graph, self.graph):
-      return None
+    if op is None or not _inside(graph, self.graph) or (
+        graph is not self.graph and op.type == "Placeholder"):
+      return None  # a body's placeholder: its capture's kind (`kind_of`).
     view = OpView(op, inputs, [self.kind_of(t) for t in inputs])
     verdict = table.classify(view)
+    if op.type in _BRANCHING:
+      self._check_branches(view)
     if isinstance(verdict, list):
       return self._keep(outputs, verdict)
-    if self.suspended or graph is not self.graph or op.type in _CONTROL_FLOW:
+    loop = _loop_of(graph, self.graph)
+    if loop is not None and verdict != K.GLOBALLY and not self.suspended:
+      _refuse_in_loop(view, loop)
+    if self.suspended or loop is not None or op.type in _CONTROL_FLOW:
       return self._keep(outputs, _unrewritten(view, verdict))
     return self._rewrite(view, verdict, outputs)
+
+  def _check_branches(self, view: OpView) -> None:
+    """A `tf.cond` whose branches run on the global batch takes the same
+    branch in every tower, or the towers' collectives would wait for each
+    other forever.
+
+    Raises:
+      ValueError: its predicate is not the same in every tower.
+    """
+    names = {view.op.get_attr(a).name for a in ("then_branch", "else_branch")}
+    if view.kinds[0].is_uniform or not names & self._rewritten_bodies:
+      return
+    raise ValueError(
+        f"multi_gpu: the tf.cond {view.op.name} computes on the global batch "
+        f"inside its branches ({', '.join(sorted(names & self._rewritten_bodies))}"
+        "), but its predicate depends on the tower's own rows (rows counted "
+        "by their values, e.g. of tf.where), so the towers could take "
+        "different branches and wait for each other forever. Make the "
+        "predicate the same for the whole batch (a statistic of the batch, "
+        "the global step), or compute both branches' values before the "
+        "tf.cond and select between them.")
 
   def tower_loss(self, loss: tf.Tensor) -> tf.Tensor:
     """`loss` as the towers' combination counts it: of the loss reduction's
@@ -204,8 +235,8 @@ class TowerRewrite:
   def _run_once(self, op: tf.Operation, inputs: list) -> list:
     """A stateful op (a `tf.py_func`) runs in tower 0 only: the others take
     its outputs, after their own gathers (whose collectives must run)."""
-    if not op.op_def.is_stateful:
-      return _rewire(op, inputs)
+    if not op.op_def.is_stateful or op.graph is not self.graph:
+      return _rewire(op, inputs)  # in a branch: each tower's runs.
     position = self._stateful_seen
     self._stateful_seen += 1
     if self.tower_index == 0:
@@ -226,7 +257,12 @@ class TowerRewrite:
     return self._returned([result], [K.UNIFORM])
 
   def _returned(self, outputs: list, kinds: list) -> list:
-    self.shared.join(self.tower_index, len(self.records) - 1, outputs[0].op,
+    graph = outputs[0].graph
+    while graph is not self.graph:  # a branch's: its own, not joined.
+      self._rewritten_bodies.add(graph.name)
+      graph = graph.outer_graph
+    self.shared.join(self.tower_index, len(self.records) - 1,
+                     outputs[0].op if outputs[0].graph is self.graph else None,
                      self._exchanged)
     self._exchanged = []
     for tensor, kind in zip(outputs, kinds):
@@ -266,6 +302,33 @@ def _rewire(op: tf.Operation, inputs: list) -> list:
     if new is not old:
       compat.private(op, "_update_input")(index, new)
   return list(op.outputs)
+
+
+def _loop_of(graph, tower_graph):
+  """The `tf.while_loop` body or condition `graph` is (inside), or None:
+  its loop variables' kinds are not known, so nothing there is rewritten."""
+  while graph is not None and graph is not tower_graph:
+    if type(graph).__name__ in _LOOP_GRAPHS:
+      return graph
+    graph = getattr(graph, "outer_graph", None)
+  return None
+
+
+def _refuse_in_loop(view: OpView, loop) -> None:
+  """A statistic of the batch meeting its examples inside a loop's body.
+
+  Raises:
+    ValueError: always, naming the loop, the op and the fix.
+  """
+  raise ValueError(
+      f"multi_gpu: {view.op.name} ({view.type}) inside the tf.while_loop "
+      f"{loop.name} (tf.map_fn, tf.foldl, tf.scan are loops too) combines "
+      "the batch's examples with a statistic of the batch (a mean, a sum, a "
+      "max over it). Each tower would compute it over its own shard only, "
+      "and multi_gpu cannot run a loop's body on the global batch. Compute "
+      "what combines them before the loop (e.g. x - tf.reduce_mean(x, 0) "
+      "outside tf.map_fn: it is then the global batch's) and pass the "
+      "result in, or vectorize the loop.")
 
 
 def _inside(graph, tower_graph) -> bool:
