@@ -118,6 +118,11 @@ INTERNALS = {
         "tensorflow_estimator.python.estimator.canned.optimizers",
         ("get_optimizer_instance", "get_optimizer_instance_v2"),
         "canned estimators' own optimizers on several towers"),
+    "tpu_estimator": Internal(
+        "tensorflow_estimator.python.estimator.tpu.tpu_estimator",
+        ("TPUEstimatorSpec",),
+        "host_call / eval_metrics on the global batch (its public name "
+        "warns as deprecated inside Estimator scripts)"),
     # Where tf-slim 1.1.0's TensorFlow names live now (slim_compat.MOVED).
     "slim_indexed_slices": Internal(_TF + "framework.indexed_slices",
                                     ("IndexedSlices",), "tf-slim names"),

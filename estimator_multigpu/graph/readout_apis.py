@@ -103,7 +103,7 @@ def _install() -> None:
   for module in _ZERO_FRACTION_MODULES:
     _ORIGINALS.append((module, "zero_fraction", module.zero_fraction))
     module.zero_fraction = zero_fraction
-  spec = tf1.estimator.tpu.TPUEstimatorSpec
+  spec = compat.internal("tpu_estimator").TPUEstimatorSpec
   original_spec = vars(spec)["as_estimator_spec"]
   _ORIGINALS.append((spec, "as_estimator_spec", original_spec))
   spec.as_estimator_spec = lambda tpu_spec: original_spec(

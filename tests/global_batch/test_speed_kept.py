@@ -20,13 +20,17 @@ NETS = {"mlp": 8, "lenet": 28, "cifarnet": 32, "resnet_v1_50": 32,
         "vgg_16": 224, "inception_v2": 224, "inception_v3": 299}
 
 
-def _net_model_fn(name):
+def _net_model_fn(name, dense_labels=False):
   def model_fn(features, labels, mode):
     network = nets_factory.get_network_fn(name, num_classes=3,
                                           weight_decay=1e-4,
                                           is_training=mode == TRAIN)
     logits, _ = network(features)
-    loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+    if dense_labels:  # flattens its inputs by slices of their shapes.
+      loss = tf1.losses.softmax_cross_entropy(tf.one_hot(labels, 3), logits,
+                                              label_smoothing=0.1)
+    else:
+      loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
     loss = loss + tf1.losses.get_regularization_loss()
     optimizer = emg.TowerOptimizer(tf1.train.MomentumOptimizer(0.1, 0.9))
     train_op = optimizer.minimize(loss, tf1.train.get_global_step())
@@ -52,14 +56,15 @@ def _known_nets():
   return [n for n in sorted(NETS) if n in nets_factory.NETWORK_NAMES]
 
 
-@pytest.mark.parametrize("name", _known_nets())
-def test_nets_gather_nothing(name, session_config):
+@pytest.mark.parametrize("name,dense_labels", [
+    (n, False) for n in _known_nets()] + [("mlp", True)])
+def test_nets_gather_nothing(name, dense_labels, session_config):
   size = NETS[name]
   images = np.random.RandomState(0).rand(5, size, size, 3).astype(np.float32)
   if name == "mlp":
     images = images.reshape(5, -1)[:, :64]
   labels = np.array([0, 1, 2, 1, 0], np.int64)
-  found = _rewrites(_net_model_fn(name), images, labels, TRAIN,
+  found = _rewrites(_net_model_fn(name, dense_labels), images, labels, TRAIN,
                     session_config)
   assert [r for r in found if r.gathered] == []
   assert sum(r.statistics for r in found) == 0, found

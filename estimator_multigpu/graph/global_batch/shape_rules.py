@@ -122,6 +122,14 @@ def slice_op(view: OpView):
       view.kinds[1].is_uniform and view.kinds[2].is_uniform and
       int(begin[kind.axis]) == 0 and int(size[kind.axis]) == -1):
     return [kind]
+  length = view.inputs[0].shape[0] if view.rank(0) == 1 else None
+  if kind.is_shape and begin is not None and size is not None and length:
+    start = int(begin[0])  # a slice of a shape vector (_flatten_outer_dims)
+    kept = list(range(length))[start:None if int(size[0]) == -1 else
+                               start + int(size[0])]
+    if kind.axis not in kept:
+      return [K.UNIFORM]
+    return [K.shape_of(kept.index(kind.axis), kind.ragged)]
   return K.GLOBALLY if not kind.is_statistic else K.LOCALLY
 
 
