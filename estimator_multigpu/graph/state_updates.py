@@ -189,7 +189,10 @@ def _reconcile_write(write, context: _Context, inexact: list) -> list:
                  for p in peers if p]
   own_copies = all(peers) and any(p.variable is not write.variable
                                   for p in peers)
+  # A function call's last input is any capture (a tf.cond's predicate,
+  # global when the loss is), not the value its body writes.
   if not _depends_on_shard(value, peer_values, context.shard) or (
+      not write.in_function and
       context.analysis.status(write.values[-1]) == tensor_kinds.GLOBAL):
     # The same in every tower, or already the global batch's.
     if not own_copies:

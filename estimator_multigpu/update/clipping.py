@@ -75,7 +75,9 @@ def _chain(grad, computed: frozenset, through=dataflow.ELEMENTWISE) -> tuple:
     if current.op.type not in through or id(current) in computed:
       continue
     for operand in current.op.inputs:
-      if operand.shape == shape and operand.shape.rank:
+      # Compatible, not equal: over a shard of unknown size a gradient's
+      # static shape may be partly unknown ([None, 1] for a [1, 1] kernel).
+      if operand.shape.rank and operand.shape.is_compatible_with(shape):
         stack.append(operand)
       else:
         factors.append(operand)

@@ -1,13 +1,15 @@
-"""Predictions computed over the batch are warned about, whatever op spells
-them (issue 40).
+"""Predictions computed over the batch are one device's, whatever op spells
+them (issues 40, 50).
 
 A prediction that depends on a reduction over the batch dimension (a softmax
 or top_k over axis 0, a division by the batch's sum or max, ranks by
-argsort, a cumulative sum over the batch) is computed by each tower over its
-own shard: it is not one device's. `multi_gpu` finds it from the graph's
-dataflow and logs one WARNING naming the key and the fix (the cross-tower
-tools, exact: `test_what_users_read`); a per-example prediction is not
-warned about. Graphs are only built (no session): cheap.
+argsort, a cumulative sum over the batch) is computed on the global batch
+(`global_batch=True`, the default): each key equals the unwrapped model_fn's
+on one device, with no WARNING. Where the statistic still is the shard's (a
+`tf.while_loop` computes it: loops are not rewritten), `multi_gpu` finds it
+from the graph's dataflow and logs one WARNING naming the key and the fix
+(the cross-tower tools, exact: `test_what_users_read`); a per-example
+prediction is not warned about.
 """
 
 import numpy as np
@@ -58,23 +60,58 @@ def model_fn(features, labels, mode, params):
 
 
 def build(predictions, num_towers, session_config, static):
-  """Builds the PREDICT graph; a `static` batch of 5, or one of unknown
-  size (cut 3/2 or 2/2/1 alike)."""
+  """Builds the PREDICT graph, unwrapped (`num_towers` None) or on towers;
+  a `static` batch of 5, or one of unknown size (cut 3/2 or 2/2/1 alike).
+
+  Returns:
+    The spec's predictions.
+  """
+  dataset = (tf.data.Dataset.from_tensors(X) if static else
+             tf.data.Dataset.from_tensor_slices(X).batch(5))
+  x = tf1.data.make_one_shot_iterator(dataset.repeat()).get_next()
+  params = {"predictions": predictions}
+  if num_towers is None:
+    return model_fn({"x": x}, None, tf.estimator.ModeKeys.PREDICT,
+                    params).predictions
+  fn = emg.multi_gpu(model_fn, devices=harness.cpu_devices(num_towers))
+  return fn({"x": x}, None, tf.estimator.ModeKeys.PREDICT, params,
+            harness.config_for(session_config)).predictions
+
+
+def predict(predictions, num_towers, session_config, static=True):
+  """The predictions' values (see `build`)."""
   with tf.Graph().as_default():
-    dataset = (tf.data.Dataset.from_tensors(X) if static else
-               tf.data.Dataset.from_tensor_slices(X).batch(5))
-    x = tf1.data.make_one_shot_iterator(dataset.repeat()).get_next()
-    fn = emg.multi_gpu(model_fn, devices=harness.cpu_devices(num_towers))
-    fn({"x": x}, None, tf.estimator.ModeKeys.PREDICT,
-       {"predictions": predictions}, harness.config_for(session_config))
+    tensors = build(predictions, num_towers, session_config, static)
+    with tf1.Session(config=session_config) as session:
+      session.run(tf1.global_variables_initializer())
+      return session.run(tensors)
 
 
 @pytest.mark.parametrize("num_towers,static", [(2, True), (3, False)])
-def test_every_spelling_of_a_batch_prediction_is_warned_once(
+def test_every_spelling_of_a_batch_prediction_is_one_devices(
     num_towers, static, session_config, caplog):
-  build(dict(COUPLED, **PER_EXAMPLE), num_towers, session_config, static)
-  for key in COUPLED:
-    assert caplog.text.count(f"prediction {key!r} couples the examples") == 1, key
+  predictions = dict(COUPLED, **PER_EXAMPLE)
+  want = predict(predictions, None, session_config)
+  got = predict(predictions, num_towers, session_config, static)
+  for key in predictions:
+    assert np.shape(got[key]) == np.shape(want[key]), key
+    np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6,
+                               err_msg=key)
+  assert "couples the examples" not in caplog.text
+
+
+def test_a_statistic_of_the_shard_a_loop_computes_is_warned_once(
+    session_config, caplog):
+  """A loop's body is kept per shard as written: s / Σ(shard) is each
+  tower's own, warned about once; the per-example keys are not."""
+  def loop_sum(s):
+    return tf1.while_loop(lambda i, total: i < 1, lambda i, total: (
+        i + 1, total + tf.reduce_sum(s)), (0, 0.0))[1]
+  with tf.Graph().as_default():
+    build(dict(PER_EXAMPLE, over_loop_sum=lambda s: s / loop_sum(s)), 3,
+          session_config, static=False)
+  assert caplog.text.count("prediction 'over_loop_sum' couples the "
+                           "examples") == 1
   for key in PER_EXAMPLE:
     assert f"prediction {key!r}" not in caplog.text, key
   assert "emg.cross_tower_concat" in caplog.text
@@ -85,9 +122,11 @@ def test_ops_over_time_in_a_time_major_tensor_are_not_warned(session_config,
   """Axis 0 of a [time, batch, units] tensor is time: a cumulative sum or a
   softmax over time is per example."""
   time_major = lambda s: tf.stack([s, 2 * s, 3 * s])[:, :, None]  # noqa: E731
-  build({"cumsum_over_time": lambda s: tf.cumsum(time_major(s), axis=0),
-         "softmax_over_time": lambda s: tf.nn.softmax(time_major(s), axis=0),
-         "raw_softmax_over_time": lambda s: tf.raw_ops.Softmax(
-             logits=tf.transpose(time_major(s), [2, 1, 0]))},
-        2, session_config, static=False)
+  with tf.Graph().as_default():
+    build({"cumsum_over_time": lambda s: tf.cumsum(time_major(s), axis=0),
+           "softmax_over_time": lambda s: tf.nn.softmax(time_major(s),
+                                                        axis=0),
+           "raw_softmax_over_time": lambda s: tf.raw_ops.Softmax(
+               logits=tf.transpose(time_major(s), [2, 1, 0]))},
+          2, session_config, static=False)
   assert "couples the examples" not in caplog.text

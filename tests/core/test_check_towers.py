@@ -89,6 +89,12 @@ def test_an_exact_model_fn_passes():
   assert str(report).startswith("check_towers: OK: 2 towers")
 
 
+# Patterns the global batch makes exact (global_batch=True, the default):
+# their mismatches are caught where they still exist, the old path's.
+EXACT_ON_THE_GLOBAL_BATCH = ("matches_fn", "in_batch_negatives_fn",
+                             "keras_batch_norm_fn")
+
+
 @pytest.mark.parametrize("model_fn,cause,fix", [
     (summed_fn, "a sum over the tower's examples", "loss_reduction='sum'"),
     (batch_size_param_fn, "a sum over the tower's examples",
@@ -103,8 +109,13 @@ def test_an_exact_model_fn_passes():
      "sync_batch_norm=True"),
 ])
 def test_a_silent_mismatch_is_caught_and_explained(model_fn, cause, fix):
+  options = {}
+  if model_fn.__name__ in EXACT_ON_THE_GLOBAL_BATCH:
+    assert emg.check_towers(model_fn, input_fn, DEVICES, steps=2,
+                            params={"batch_size": 7}).ok
+    options = {"global_batch": False}  # the old path's mismatch, to catch.
   report = emg.check_towers(model_fn, input_fn, DEVICES, steps=2,
-                            params={"batch_size": 7})
+                            params={"batch_size": 7}, **options)
   assert not report.ok
   assert report.worst[0][1] > 1e-4
   text = str(report)
@@ -127,7 +138,8 @@ def readout_fn(features, labels, mode, params):
                       1)
   if params["naive"]:
     centered = err - tf.reduce_mean(err)
-    # A variance of the shard is no mean, sum, max or min: tower 0's.
+    # A variance of the shard is no mean, sum, max or min: tower 0's on
+    # the old path (global_batch=False), the global batch's by default.
     tf1.summary.scalar("error_variance", tf.math.reduce_variance(err))
   else:  # (a summary's collectives would not run in towers 1..: no max.)
     centered = err - emg.cross_tower_sum(tf.reduce_sum(err)) / (
@@ -150,9 +162,14 @@ def test_eval_predict_and_summaries_are_compared():
   assert {"eval/centered@abs", "eval/mean error", "predict/centered",
           "summary/mean_error"} <= names
   assert report.ok, str(report)
-  report = emg.check_towers(readout_fn, input_fn, ["/cpu:0", "/cpu:1",
-                                                   "/cpu:2"],
-                            params={"naive": True})
+  naive = lambda **options: emg.check_towers(  # noqa: E731
+      readout_fn, input_fn, ["/cpu:0", "/cpu:1", "/cpu:2"],
+      params={"naive": True}, **options)
+  report = naive()  # on the global batch (the default), naive is exact.
+  assert report.ok, str(report)
+  assert {"eval/centered@abs", "predict/centered",
+          "summary/error_variance"} <= {name for name, _ in report.worst}
+  report = naive(global_batch=False)  # the old path's mismatch, to catch.
   assert not report.ok
   differing = {name for name, diff in report.worst if diff > 1e-4}
   assert differing == {"eval/centered@abs", "predict/centered",

@@ -74,15 +74,44 @@ def test_scaling_by_a_constant_is_exact_and_silent(use_compute_gradients,
     np.testing.assert_allclose(many[name], value, atol=1e-6, err_msg=name)
 
 
+def _minimized(mode, loss):
+  """The TRAIN spec minimizing `loss` by SGD."""
+  opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
+  return tf.estimator.EstimatorSpec(
+      mode, loss=loss, train_op=opt.minimize(loss,
+                                             tf1.train.get_global_step()))
+
+
 def test_backpropagation_through_where_and_abs_is_not_a_transform(
     session_config):
   def model_fn(features, labels, mode):
     w = tf1.get_variable("w", [3, 2])
     safe = tf.where(tf.math.is_finite(w), w, tf.zeros_like(w))
     pred = tf.matmul(features, safe) + tf.reduce_sum(tf.abs(w))
-    loss = tf1.losses.mean_squared_error(labels, pred)
-    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
-    return tf.estimator.EstimatorSpec(
-        mode, loss=loss,
-        train_op=opt.minimize(loss, tf1.train.get_global_step()))
+    return _minimized(mode, tf1.losses.mean_squared_error(labels, pred))
   assert built_names(model_fn, session_config) == []
+
+
+def test_a_gradient_of_partly_unknown_static_shape_is_not_a_transform(
+    session_config):
+  """A Dense over a rank-4 input of unknown batch size (a tower's shard):
+  its [1, 1] kernel's gradient is a MatMul of static shape [None, 1]. It
+  is the gradient, not a factor scaling it (which, reading the batch norm's
+  Rsqrt on the walk of gamma's gradient, was taken for a norm)."""
+  def dense(h, units):
+    return tf1.layers.dense(h, units, kernel_initializer=(
+        tf1.glorot_uniform_initializer(seed=1)))
+
+  def model_fn(features, labels, mode):
+    h = tf1.layers.batch_normalization(dense(features, 4), training=True)
+    h = dense(tf.reshape(h, [-1, 2, 2, 1]), 1)
+    pred = dense(tf.reshape(h, [-1, 4]), 2)
+    return _minimized(mode, tf1.losses.mean_squared_error(labels, pred))
+  assert built_names(model_fn, session_config) == []
+  want, _ = harness.train(model_fn, X, Y, 2, session_config)
+  got, _ = harness.train(model_fn, X, Y, 2, session_config, num_towers=3,
+                         dynamic_batch=True)
+  # The trained variables (the moving averages are batch norm's tests').
+  trained = [name for name in want if "moving_" not in name]
+  harness.assert_same_variables({k: got[k] for k in trained},
+                                {k: want[k] for k in trained})

@@ -42,19 +42,21 @@ def running_stat_model_fn(stat):
 
 
 @pytest.mark.parametrize("variable_update", ["shared", "replicated"])
-def test_an_additive_write_of_a_mean_or_max_is_warned(
+def test_an_additive_write_of_a_mean_is_warned_of_a_max_or_sum_exact(
     variable_update, session_config, monkeypatch):
   said = _capture(monkeypatch)
-  for stat in (tf.reduce_mean, tf.reduce_max):
-    harness.train(running_stat_model_fn(stat), X, Y, 1, session_config,
-                  num_towers=2, variable_update=variable_update)
-  assert sum("`total`" in s for s in said) == 2, said
-  # A sum over the examples is exact: 1 step adds Σ err over the 7.
-  got, _ = harness.train(running_stat_model_fn(tf.reduce_sum), X, Y, 1,
-                         session_config, num_towers=3,
-                         variable_update=variable_update)
-  err = ((X.sum(1, keepdims=True) - Y) ** 2)[:, 0]
-  np.testing.assert_allclose(got["total"], err.sum(), rtol=1e-5)
+  err = ((X.sum(1, keepdims=True) - Y) ** 2)[:, 0]   # the lr is 0.
+  harness.train(running_stat_model_fn(tf.reduce_mean), X, Y, 1,
+                session_config, num_towers=2, variable_update=variable_update)
+  assert sum("`total`" in s for s in said) == 1, said
+  # The max over the batch is combined over the towers (global_batch=True)
+  # and a sum is exact: 1 step adds the 7's max, or Σ err; no warning.
+  for stat, want in ((tf.reduce_max, err.max()), (tf.reduce_sum, err.sum())):
+    got, _ = harness.train(running_stat_model_fn(stat), X, Y, 1,
+                           session_config, num_towers=3,
+                           variable_update=variable_update)
+    np.testing.assert_allclose(got["total"], want, rtol=1e-5)
+  assert sum("`total`" in s for s in said) == 1, said
 
 
 def test_replicated_training_says_nothing_about_initializers(
@@ -93,23 +95,46 @@ def test_summary_saver_hook_of_merge_all_in_every_tower(session_config):
   assert len(spec.training_hooks) >= 1
 
 
-def test_one_numeric_pad_value_pads_integer_predictions(session_config):
+def _predict_ids(width, session_config, num_towers=2):
+  """The "ids" prediction, zeros [examples, width(features)] int32, of the
+  first 5 examples; unwrapped with `num_towers` None."""
   def model_fn(features, labels, mode):
     del labels
-    n = tf.shape(features)[0]
-    ids = tf.zeros([n, n], tf.int32)   # a width that is the shard's size.
-    return tf.estimator.EstimatorSpec(mode, predictions={"ids": ids})
+    shape = [tf.shape(features)[0], width(features)]
+    return tf.estimator.EstimatorSpec(
+        mode, predictions={"ids": tf.zeros(shape, tf.int32)})
   with tf.Graph().as_default():
     x = tf1.data.make_one_shot_iterator(
         tf.data.Dataset.from_tensors(X[:5]).repeat()).get_next()
-    spec = emg.multi_gpu(model_fn, devices=harness.cpu_devices(2),
-                         prediction_pad_value=-1.0)(
-                             x, None, tf.estimator.ModeKeys.PREDICT, {},
-                             harness.config_for(session_config))
+    fn = model_fn if num_towers is None else emg.multi_gpu(
+        model_fn, devices=harness.cpu_devices(num_towers),
+        prediction_pad_value=-1.0)
+    spec = harness.call(fn, x, None, tf.estimator.ModeKeys.PREDICT,
+                        session_config)
     with tf1.Session(config=session_config) as session:
-      ids = session.run(spec.predictions["ids"])
+      return session.run(spec.predictions["ids"])
+
+
+def test_one_numeric_pad_value_pads_integer_predictions(session_config):
+  # A width the shard's rows count in a loop: loops are not rewritten, so
+  # the width stays the shard's (3 and 2) and the towers' ids are padded.
+  def loop_count(features):
+    return tf1.while_loop(lambda i: i < tf.shape(features)[0],
+                          lambda i: i + 1, [0])
+  ids = _predict_ids(loop_count, session_config)
   # shards of 3 and 2: rows 3-4 are [0, 0, -1] (width 2 padded to 3).
+  np.testing.assert_array_equal(ids[:3], np.zeros([3, 3]))
   np.testing.assert_array_equal(ids[3:], [[0, 0, -1], [0, 0, -1]])
+
+
+def test_a_width_of_the_shard_size_is_the_global_batch_size(session_config):
+  """`tf.shape(x)[0]` in a width is the global batch's (global_batch=True):
+  one device's [5, 5] zeros, nothing padded."""
+  width = lambda features: tf.shape(features)[0]  # noqa: E731
+  ids = _predict_ids(width, session_config)
+  np.testing.assert_array_equal(ids, np.zeros([5, 5]))
+  np.testing.assert_array_equal(ids, _predict_ids(width, session_config,
+                                                  num_towers=None))
 
 
 class _Keep(tf1.train.SessionRunHook):

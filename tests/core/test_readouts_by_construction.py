@@ -445,19 +445,46 @@ def statistics_model_fn(features, labels, mode):
   })
 
 
-def test_statistics_are_combined_or_warned_by_name(caplog):
+def summaries(model_fn, num_towers):
+  """{tag: value} of the TRAIN graph's merged summaries on the first 5
+  examples, unwrapped or on towers."""
+  config = emg.make_session_config(num_cpus=4)
+  with tf.Graph().as_default():
+    fn = model_fn if num_towers is None else emg.multi_gpu(
+        model_fn, devices=harness.cpu_devices(num_towers))
+    harness.call(fn, {"x": tf.constant(X[:5]), "wt": tf.constant(WT[:5])},
+                 tf.constant(C[:5]), TRAIN, config)
+    merged = tf1.summary.merge_all()
+    with tf1.Session(config=config) as session:
+      session.run(tf1.global_variables_initializer())
+      summary = tf1.Summary.FromString(session.run(merged))
+  return {v.tag: v.simple_value for v in summary.value}
+
+
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_statistics_are_combined_or_warned_by_name(num_towers, caplog):
+  """A count, any, variance, mean of a mask, of the first rows, centered:
+  on the global batch (global_batch=True), one device's and not warned.
+  Per-example values whose batch is not the first axis are warned."""
   want = evaluate(statistics_model_fn, None)
-  got = evaluate(statistics_model_fn, 3)
+  got = evaluate(statistics_model_fn, num_towers)
   hits = [np.sum(PRED[r] == C[r]) for r in BATCHES]
   np.testing.assert_allclose(want["hits"][0], np.mean(hits))
-  np.testing.assert_allclose(got["hits"][0], np.mean(hits))  # a count: exact.
-  for key in ("any_hit", "variance", "masked", "first_two", "centered",
-              "time_major"):
-    assert f"eval metric {key!r}" in caplog.text, key
-  assert "'hits'" not in caplog.text
-  with tf.Graph().as_default():
-    emg.multi_gpu(statistics_model_fn, devices=harness.cpu_devices(2))(
-        {"x": tf.constant(X[:5]), "wt": tf.constant(WT[:5])},
-        tf.constant(C[:5]), TRAIN, {},
-        harness.config_for(emg.make_session_config(num_cpus=4)))
-  assert "summary 'per_variance'" in caplog.text
+  # Batches 3 and 4 have no hits: one device's mean of nothing is NaN.
+  assert np.isnan(want["masked"][0]) and hits[2:] == [0, 0]
+  for key in ("hits", "any_hit", "variance", "masked", "first_two",
+              "centered"):
+    np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6,
+                               err_msg=key)
+    assert f"eval metric {key!r}" not in caplog.text, key
+  assert "eval metric 'time_major'" in caplog.text
+  first_two_batches = BATCHES[:2]   # with hits (and shards without).
+  np.testing.assert_allclose(
+      evaluate(statistics_model_fn, num_towers,
+               batches=first_two_batches)["masked"],
+      evaluate(statistics_model_fn, None,
+               batches=first_two_batches)["masked"], rtol=1e-5)
+  summary = summaries(statistics_model_fn, num_towers)
+  np.testing.assert_allclose(summary["per_variance"], summaries(
+      statistics_model_fn, None)["per_variance"], rtol=1e-5)
+  assert "summary 'per_variance'" not in caplog.text

@@ -204,25 +204,20 @@ def predict(num_towers, cross_tower, session_config, rows=slice(0, 5)):
       return session.run(spec.predictions)
 
 
-def test_batch_predictions_through_cross_tower_tools_are_exact(
-    session_config, caplog):
+@pytest.mark.parametrize("cross_tower", [True, False])
+def test_batch_predictions_are_exact_with_or_without_the_tools(
+    cross_tower, session_config, caplog):
+  """The naive softmax over the batch and `x - mean(x)` are computed on the
+  global batch (`global_batch=True`, the default): no warning either."""
   scores = PRED[:5]
   expected = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
   for num_towers in (2, 3):
-    got = predict(num_towers, True, session_config)
+    got = predict(num_towers, cross_tower, session_config)
     np.testing.assert_allclose(got["p"], expected, rtol=1e-5)
     np.testing.assert_allclose(got["centered"], scores - scores.mean(),
                                rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["scores"], scores, rtol=1e-5)
   assert "couples the examples" not in caplog.text
-
-
-def test_batch_predictions_without_the_tools_are_warned_about(
-    session_config, caplog):
-  predict(2, False, session_config)
-  assert "prediction 'p' couples the examples" in caplog.text
-  assert "prediction 'centered' couples the examples" in caplog.text
-  assert "prediction 'scores'" not in caplog.text
-  assert "cross_tower_sum" in caplog.text
 
 
 def test_a_prediction_key_missing_from_a_tower_names_key_and_tower(

@@ -272,13 +272,14 @@ class TowerRewrite:
 
 
 def _mean_by_counts(values: tf.Tensor, mean: tf.Tensor) -> tf.Tensor:
-  """The global mean of a mean over rows counted by their values."""
+  """The global mean of a mean over rows counted by their values: an empty
+  shard's NaN counts for nothing; with no rows in the global batch it is
+  one device's mean of nothing, NaN."""
   count = tf.cast(tf.size(values), mean.dtype) / tf.cast(
       tf.maximum(tf.size(mean), 1), mean.dtype)
   total = exchange.global_statistic(tf.math.multiply_no_nan(mean, count),
                                     "sum", None)
-  return tf.math.divide_no_nan(
-      total, exchange.global_statistic(count, "sum", None))
+  return total / exchange.global_statistic(count, "sum", None)
 
 
 def _unrewritten(view: OpView, verdict: str) -> list:
