@@ -25,6 +25,7 @@ from typing import Callable, Optional
 from estimator_multigpu.compat import internals
 
 HOOK_ORDER = ("fixed_random", "empty_shards", "global_batch")
+NO_OUTPUT_HOOKS = ("global_batch",)  # also see ops without outputs (writes).
 _LOCK = threading.RLock()
 _PATCHES = [0]  # threads with active hooks (the gradient patch is global).
 _STATE = threading.local()  # TensorFlow's op callbacks are per thread too.
@@ -70,11 +71,15 @@ def building_gradients() -> bool:
 
 def _dispatch(op_type, inputs, attrs, outputs, op_name=None, graph=None):
   """The registered callback: the active hooks in `HOOK_ORDER`."""
-  if building_gradients() or not outputs:
+  if building_gradients():
     return None
   active = _active()
-  hooks = [active[n][0] for n in HOOK_ORDER if n in active]
-  _STATE.op = outputs[0].op
+  hooks = [active[n][0] for n in HOOK_ORDER if n in active and (
+      outputs or n in NO_OUTPUT_HOOKS)]
+  if not hooks:
+    return None
+  _STATE.op = outputs[0].op if outputs else graph.get_operation_by_name(
+      op_name)
   current, replaced = outputs, False
   try:
     for hook in hooks:

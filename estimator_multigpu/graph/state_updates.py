@@ -192,6 +192,7 @@ def _reconcile_write(write, context: _Context, inexact: list) -> list:
   # A function call's last input is any capture (a tf.cond's predicate,
   # global when the loss is), not the value its body writes.
   if not _depends_on_shard(value, peer_values, context.shard) or (
+      global_batch.global_values(write.values)) or (
       not write.in_function and
       context.analysis.status(write.values[-1]) == tensor_kinds.GLOBAL):
     # The same in every tower, or already the global batch's.

@@ -138,8 +138,17 @@ def test_hand_written_batch_norm_over_cross_tower_moments(num_towers,
                              atol=1e-6)
 
 
+@pytest.mark.parametrize("num_towers", [2, 3])
+def test_center_loss_of_the_batchs_classes_is_one_devices(num_towers,
+                                                          session_config):
+  """The classes of the batch sliced from a constant by its size are the
+  global batch's, so the centers' scatter writes the global batch's rows
+  (gathered), once per step."""
+  got = assert_exact(model_fn_with(center_loss), num_towers, session_config)
+  assert np.abs(got["centers"]).max() > 0.01  # the centers moved.
+
+
 @pytest.mark.parametrize("state_update, variable, tool", [
-    (center_loss, "centers", "cross_tower_sum"),
     (batch_norm_with(tf.nn.moments), "moving_mean", "cross_tower_moments"),
 ])
 def test_inexact_state_update_warns(state_update, variable, tool, caplog,

@@ -99,6 +99,9 @@ class TowerRewrite:
     self._exchanged: list = []
     self._losses: dict = {}  # a loss's ref -> what `tower_loss` made of it.
     self._rewritten_bodies: set = set()  # names of branches with rewrites.
+    # Refs of what the rewrites made the global batch's, and what is
+    # computed from them with uniform kind.
+    self.global_values: set = set()
 
   def kind_of(self, tensor: tf.Tensor) -> K.Kind:
     kind = self.kinds.get(tensor.ref())
@@ -120,11 +123,13 @@ class TowerRewrite:
         graph is not self.graph and op.type == "Placeholder"):
       return None  # a body's placeholder: its capture's kind (`kind_of`).
     view = OpView(op, inputs, [self.kind_of(t) for t in inputs])
+    if not outputs:
+      return self._write(view, graph)
     verdict = table.classify(view)
     if op.type in _BRANCHING:
       self._check_branches(view)
     if isinstance(verdict, list):
-      return self._keep(outputs, verdict)
+      return self._keep(outputs, verdict, inputs)
     loop = _loop_of(graph, self.graph)
     if loop is not None and verdict != K.GLOBALLY and not self.suspended:
       _refuse_in_loop(view, loop)
@@ -177,9 +182,34 @@ class TowerRewrite:
       self._losses[loss.ref()] = converted
     return self._losses[loss.ref()]
 
-  def _keep(self, outputs, kinds) -> None:
+  def _keep(self, outputs, kinds, inputs=()) -> None:
+    derived = any(t.ref() in self.global_values for t in inputs)
     for tensor, kind in zip(outputs, kinds):
       self.set_kind(tensor, kind)
+      if derived and kind.is_uniform:
+        self.global_values.add(tensor.ref())
+    return None
+
+  def _write(self, view: OpView, graph) -> None:
+    """An op without outputs (a variable's write) that meets the global
+    batch's values (`global_values`) and the shard's rows: its rows are
+    gathered, so it writes the global batch's values, once per step (tower
+    0's write: `state_updates`)."""
+    rows = [i for i, k in enumerate(view.kinds) if k.is_rows]
+    if (not rows or graph is not self.graph or self.suspended or
+        not any(t.ref() in self.global_values for t in view.inputs)):
+      return None
+    record = Rewrite(view.type, view.op.name, K.GLOBALLY)
+    inputs = list(view.inputs)
+    for i in rows:
+      inputs[i] = exchange.gather(inputs[i], view.kinds[i].axis)[0]
+      self.set_kind(inputs[i], K.UNIFORM)
+      self.global_values.add(inputs[i].ref())
+      record.gathered += 1
+    _rewire(view.op, inputs)
+    self.records.append(record)  # tower 0's write waits for every gather.
+    self.shared.join(self.tower_index, len(self.records) - 1, view.op,
+                     [inputs[i] for i in rows])
     return None
 
   def _rewrite(self, view: OpView, verdict: str, outputs) -> list:
@@ -268,6 +298,8 @@ class TowerRewrite:
     for tensor, kind in zip(outputs, kinds):
       self.set_kind(tensor, kind)
       self._mark(tensor, kind)
+      if kind.is_uniform:
+        self.global_values.add(tensor.ref())
     return outputs
 
 

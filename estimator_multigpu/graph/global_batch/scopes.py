@@ -125,6 +125,15 @@ def rows_of_examples(tensors) -> bool:
       towers0[-1].kinds.get(t.ref()) == kinds.rows(0) for t in tensors)
 
 
+def global_values(tensors) -> bool:
+  """Whether tower 0's `tensors` are all the global batch's, made so by
+  the rewrite (or computed from such values): a write of them is one
+  device's write, made once."""
+  towers0 = _BY_GRAPH.get(tf1.get_default_graph(), [])
+  return bool(towers0 and tensors) and all(
+      t.ref() in towers0[-1].global_values for t in tensors)
+
+
 def tower_records(built: list) -> list:
   """Every tower's records (tests: the towers decided alike)."""
   return [[(r.op_type, r.how, r.gathered, r.statistics) for r in t.records]
