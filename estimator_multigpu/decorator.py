@@ -263,8 +263,9 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       order, so no update is lost, and a tower may read the weights before
       or after another tower's update. `global_step` moves once per step.
       With plain SGD and gradients taken at the step's weights, a step is
-      w - lr·Σᵢ gᵢ. Not with "replicated", accumulation, sync batch norm or
-      float16.
+      w - lr·Σᵢ gᵢ. A tower's training step is its own: its ops run on its
+      shard, whatever `global_batch` says. Not with "replicated",
+      accumulation, sync batch norm or float16.
     unsplit_features: keys of the features dict that are not batch-major
       (a vocabulary, a lookup table): every tower gets them whole.
     prediction_pad_value: what pads a prediction whose other dimensions
@@ -277,8 +278,9 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       sort along the batch, `x - tf.reduce_mean(x)`, `tf.py_func`, an op
       type the package does not know) runs on the global batch; only ops
       whose batch semantics the package knows stay on the shard
-      (`emg.global_batch_ops(graph)` lists what was rewritten). False
-      (this release's default): every op runs on its shard.
+      (`emg.global_batch_ops(graph)` lists what was rewritten); not in
+      `synchronization="async"` training, whose towers step on their own
+      shards. False (this release's default): every op runs on its shard.
 
   Returns:
     The wrapped `model_fn(features, labels, mode, params, config)`.

@@ -104,7 +104,7 @@ def build_spec(model_fn, options: Options, features, labels, mode, params,
       features, labels, plan.num_towers, unsplit=options.unsplit_features,
       require_examples=mode in (ModeKeys.TRAIN, ModeKeys.EVAL))
   plan_lib.log_plan(plan, split, mode)
-  if options.global_batch and len(plan.collective_devices) > 1:
+  if _on_global_batch(options, plan, mode):
     split = global_batch.unknown_batch(split)
   graph = _Graph(options, mode, params, config, plan, cluster, split)
   towers = _build_towers(model_fn, graph)
@@ -153,12 +153,22 @@ def _tower_scopes(graph: _Graph, precision) -> list:
 def _global_batch_scopes(graph: _Graph) -> list:
   """With several towers, every op of a tower that couples its shard runs
   on the global batch (`graph.global_batch`)."""
-  if not graph.options.global_batch or len(
-      graph.plan.collective_devices) == 1:
+  if not _on_global_batch(graph.options, graph.plan, graph.mode):
     return []
   return [global_batch.scope_factory(
       graph.split, graph.shares, graph.options.loss_reduction,
       graph.analyses, graph.rewrites)]
+
+
+def _on_global_batch(options: Options, plan, mode: str) -> bool:
+  """Whether the towers' ops that couple the batch run on the global batch:
+  with several towers, but not in asynchronous training, where each
+  tower's step is its own (it applies the gradient of its own shard's
+  loss, `synchronization="async"`)."""
+  own_steps = mode == ModeKeys.TRAIN and not strategies.lookup(
+      plan.strategy).waits_for_towers
+  return (options.global_batch and len(plan.collective_devices) > 1 and
+          not own_steps)
 
 
 def _combine_readouts(graph: _Graph, towers: list) -> None:

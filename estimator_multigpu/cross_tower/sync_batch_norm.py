@@ -43,6 +43,7 @@ from estimator_multigpu.cross_tower import moments
 from estimator_multigpu.graph import patching
 from estimator_multigpu.graph import state_updates
 from estimator_multigpu.graph import warn_once
+from estimator_multigpu.graph.global_batch import state as global_batch
 
 tf1 = tf.compat.v1
 
@@ -145,8 +146,8 @@ def _keras_moments(original):
     if (moments.current_context() is None
         or self.virtual_batch_size is not None):
       _per_tower()
-      return _own_statistics(original(self, inputs, reduction_axes, keep_dims,
-                                      mask=mask))
+      return _own_statistics(lambda: original(
+          self, inputs, reduction_axes, keep_dims, mask=mask))
     weights = (None if mask is None else
                tf.expand_dims(tf.cast(mask, inputs.dtype), axis=-1))
     return moments.cross_tower_moments(inputs, reduction_axes,
@@ -164,7 +165,7 @@ def _keras_fused(original):
     if moments.current_context() is None:
       _per_tower(training)
       output = original(self, inputs, mask, training)
-      _own_statistics(_fused_statistics(output))
+      _own_statistics(lambda: _fused_statistics(output))
       return output
     nn_module = tf1.nn  # Keras looks the op up here at call time.
     previous = nn_module.fused_batch_norm
@@ -192,14 +193,14 @@ class _SlimNN:
     if moments.current_context() is None:
       _per_tower(kwargs.get("is_training", True))
       result = moments.sync_fused_batch_norm(*args, **kwargs)
-      _own_statistics(result[1:3], kwargs.get("is_training", True))
+      _own_statistics(lambda: result[1:3], kwargs.get("is_training", True))
       return result
     return moments.sync_fused_batch_norm(*args, **kwargs)
 
   def moments(self, x, axes, shift=None, name=None, keep_dims=None,
               keepdims=None):
     if not _reduces_batch(x, axes):
-      return _own_statistics(self.module.moments(
+      return _own_statistics(lambda: self.module.moments(
           x, axes, shift=shift, name=name, keep_dims=keep_dims,
           keepdims=keepdims), _batch_axis(x, axes))
     return moments.cross_tower_moments(
@@ -208,7 +209,7 @@ class _SlimNN:
   def weighted_moments(self, x, axes, frequency_weights, name=None,
                        keep_dims=None, keepdims=None):
     if not _reduces_batch(x, axes):
-      return _own_statistics(self.module.weighted_moments(
+      return _own_statistics(lambda: self.module.weighted_moments(
           x, axes, frequency_weights, name=name, keep_dims=keep_dims,
           keepdims=keepdims), _batch_axis(x, axes))
     return moments.cross_tower_moments(
@@ -216,12 +217,20 @@ class _SlimNN:
         frequency_weights=frequency_weights, name=name)
 
 
-def _own_statistics(result, batch: bool = True):
-  """`result`, a layer's mean and variance of its tower's shard (when
+def _own_statistics(compute, batch: bool = True):
+  """`compute()`, a layer's mean and variance of its tower's shard (when
   `batch`), marked: the moving averages written from them are this
-  module's warning's (`state_updates` does not warn about them again)."""
+  module's warning's (`state_updates` does not warn about them again), and
+  the global batch's rewrite keeps them the shard's (its ops are not
+  rewritten; what reads them stays per shard: normalization, moving
+  averages), as the warning says."""
+  with global_batch.package_ops():
+    result = compute()
   if batch:
     state_updates.mark_batch_norm_statistics(result)
+    for tensor in tf.nest.flatten(result):
+      if isinstance(tensor, tf.Tensor):
+        global_batch.mark(tensor, "shard")
   return result
 
 

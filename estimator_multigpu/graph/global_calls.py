@@ -203,8 +203,18 @@ class Recorder:
     return True
 
   def _from_shard(self, tensor: tf.Tensor) -> bool:
-    return any(self._analysis.status(t) == tensor_kinds.ROWS
-               for op in dataflow.ancestors([tensor]) for t in op.outputs)
+    """Whether `tensor` is computed from the shard's examples other than
+    through global values (a rewrite's, a collective's: the same in every
+    tower, so what is shaped or counted from them is too)."""
+    status = self._analysis.status
+
+    def is_global(op: tf.Operation) -> bool:
+      return bool(op.outputs) and all(
+          status(t) == tensor_kinds.GLOBAL for t in op.outputs)
+
+    return any(status(t) == tensor_kinds.ROWS
+               for op in dataflow.ancestors([tensor], stop=is_global)
+               for t in op.outputs)
 
   def _batch_shaped(self, tensor: tf.Tensor) -> bool:
     """Whether `tensor`'s first dimension is the shard's: its static size

@@ -12,17 +12,25 @@ tf1 = tf.compat.v1
 LR = 0.1
 
 
-def linear_model_fn(features, labels, mode):
-  """loss = mean over the tower's examples of x·w: its gradient, the mean
-  of x, does not depend on w, so the order of the towers' updates and of
-  their reads does not change the result."""
-  del labels
-  w = tf1.get_variable("w", [3], initializer=tf1.zeros_initializer())
-  loss = tf.reduce_mean(tf.tensordot(features, w, 1))
-  opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(LR))
-  return tf.estimator.EstimatorSpec(
-      mode, loss=loss,
-      train_op=opt.minimize(loss, tf1.train.get_global_step()))
+def mean_loss_model_fn(rows_of):
+  """loss = mean over the tower's examples of rows_of(x)·w: its gradient,
+  the mean of rows_of(x), does not depend on w, so the order of the towers'
+  updates and of their reads does not change the result."""
+  def model_fn(features, labels, mode):
+    del labels
+    w = tf1.get_variable("w", [3], initializer=tf1.zeros_initializer())
+    loss = tf.reduce_mean(tf.tensordot(rows_of(features), w, 1))
+    opt = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(LR))
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss,
+        train_op=opt.minimize(loss, tf1.train.get_global_step()))
+  return model_fn
+
+
+linear_model_fn = mean_loss_model_fn(lambda x: x)
+# |x - mean(x)|: the mean is the batch's, a statistic coupling the examples.
+centered_model_fn = mean_loss_model_fn(
+    lambda x: tf.abs(x - tf.reduce_mean(x, 0)))
 
 
 @pytest.mark.parametrize("num_towers,sizes", [(2, [4, 3]), (3, [3, 2, 2])])
@@ -40,6 +48,29 @@ def test_each_tower_applies_its_own_mean_gradient(num_towers, sizes,
                              rtol=1e-5)
   assert values["global_step"] == steps
   assert loss == pytest.approx(0.0)  # the first step's loss at w = 0.
+
+
+@pytest.mark.parametrize("num_towers,sizes", [(2, [4, 3]), (3, [3, 2, 2])])
+def test_each_tower_steps_on_its_own_shard(num_towers, sizes,
+                                           session_config):
+  """A tower's step is its own: what couples the batch sees the tower's
+  shard (its mean), not the global batch (no op is rewritten)."""
+  x = np.random.RandomState(0).randn(7, 3).astype(np.float32)
+  values, _ = harness.train(centered_model_fn, x, None, 2, session_config,
+                            num_towers=num_towers, synchronization="async")
+  bounds = np.cumsum([0] + sizes)
+  own = [np.abs(x[a:b] - x[a:b].mean(0)).mean(0)
+         for a, b in zip(bounds[:-1], bounds[1:])]
+  np.testing.assert_allclose(values["w"], -LR * 2 * np.sum(own, 0),
+                             rtol=1e-5)
+  with tf.Graph().as_default() as graph:
+    tf1.train.get_or_create_global_step()
+    fn = emg.multi_gpu(centered_model_fn,
+                       devices=harness.cpu_devices(num_towers),
+                       synchronization="async")
+    harness.call(fn, tf.constant(x), None, tf.estimator.ModeKeys.TRAIN,
+                 session_config)
+  assert emg.global_batch_ops(graph) == []
 
 
 def test_one_set_of_slots_with_single_device_names(session_config):

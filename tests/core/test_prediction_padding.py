@@ -1,10 +1,13 @@
 """Predictions whose other dimensions differ between towers are padded.
 
-Greedy decoding stops at the shard's longest sequence, a detector keeps as
-many boxes as the shard's busiest example: each tower's predictions are
-[nᵢ, Tᵢ, ...] with its own Tᵢ. They are padded to the largest over the
-towers (one device's T, the batch's longest) with `prediction_pad_value`,
-and each example's own positions are compared with one device's.
+Greedy decoding that stops when every example of its batch is done (the
+loop's condition: ops inside a tf.while_loop body stay on the shard) stops
+at the shard's longest sequence, a detector keeps as many boxes as the
+shard's busiest example: each tower's predictions are [nᵢ, Tᵢ, ...] with its
+own Tᵢ. They are padded to the largest over the towers (one device's T, the
+batch's longest) with `prediction_pad_value`, and each example's own
+positions are compared with one device's. A step count computed before the
+loop is the global batch's (contract 24): nothing to pad.
 """
 
 import numpy as np
@@ -21,37 +24,51 @@ LENGTHS = np.array([2, 5, 1, 3, 4, 1, 2], np.int32)  # 7 examples: uneven.
 STARTS = np.arange(7, dtype=np.int32) + 10
 
 
-def _decode(start, length):
+def _longest(length):
+  return tf.reduce_max(tf.concat([length, [0]], axis=0))
+
+
+def _decode(start, length, steps_first=False):
   """Greedy-decoding-like: ids start+t at step t < the example's length,
-  0 after it; a tf.while_loop up to the shard's longest sequence."""
-  steps = tf.reduce_max(tf.concat([length, [0]], axis=0))
+  0 after it; a tf.while_loop while some example of the batch is not done
+  (the shard's longest sequence), or up to a step count computed first
+  (`steps_first`: the global batch's longest)."""
+  steps = _longest(length) if steps_first else None
 
   def body(t, ids):
     step = tf.where(t < length, start + t, tf.zeros_like(start))
-    return t + 1, ids.write(t, step)
+    return t + 1, tf.concat([ids, step[:, None]], axis=1)
 
-  _, ids = tf1.while_loop(lambda t, _: t < steps, body,
-                          [0, tf.TensorArray(tf.int32, size=steps)])
-  return tf.transpose(ids.stack(), [1, 0])  # [examples, steps]
-
-
-def model_fn(features, labels, mode):
-  del labels
-  ids = _decode(features["start"], features["length"])
-  boxes = tf.cast(tf.stack([ids] * 4, axis=-1), tf.float32) / 10.0
-  words = tf.strings.as_string(ids)
-  with tf1.variable_scope("head"):
-    scale = tf1.get_variable("scale", [], initializer=tf1.ones_initializer())
-  return tf.estimator.EstimatorSpec(mode, predictions={
-      "ids": ids, "boxes": boxes * scale, "words": words,
-      "length": features["length"]})
+  _, ids = tf1.while_loop(
+      lambda t, _: t < (_longest(length) if steps is None else steps), body,
+      [0, tf.zeros([tf.shape(start)[0], 0], tf.int32)],
+      shape_invariants=[tf.TensorShape([]), tf.TensorShape([None, None])])
+  return ids  # [examples, steps]
 
 
-def predict(towers, batch, **options):
+def make_model_fn(steps_first=False):
+  def model_fn(features, labels, mode):
+    del labels
+    ids = _decode(features["start"], features["length"], steps_first)
+    boxes = tf.cast(tf.stack([ids] * 4, axis=-1), tf.float32) / 10.0
+    words = tf.strings.as_string(ids)
+    with tf1.variable_scope("head"):
+      scale = tf1.get_variable("scale", [],
+                               initializer=tf1.ones_initializer())
+    return tf.estimator.EstimatorSpec(mode, predictions={
+        "ids": ids, "boxes": boxes * scale, "words": words,
+        "length": features["length"]})
+  return model_fn
+
+
+model_fn = make_model_fn()
+
+
+def predict(towers, batch, fn=model_fn, **options):
   features = {"start": STARTS[:batch], "length": LENGTHS[:batch]}
   with tf.Graph().as_default():
-    fn = model_fn if towers is None else emg.multi_gpu(
-        model_fn, devices=harness.cpu_devices(towers), **options)
+    fn = fn if towers is None else emg.multi_gpu(
+        fn, devices=harness.cpu_devices(towers), **options)
     config = emg.make_session_config(num_cpus=4)
     spec = harness.call(fn, tf.nest.map_structure(tf.constant, features),
                         None, PREDICT, config)
@@ -91,6 +108,17 @@ def test_the_pad_value_is_the_users():
                                   [-1] * (5 - end))
   assert list(got["words"][5]) == [b"15", b"0", b"<pad>", b"<pad>", b"<pad>"]
   assert got["boxes"][5, 4].tolist() == [0.0] * 4  # no entry: the default.
+
+
+def test_steps_counted_before_the_loop_are_the_global_batchs():
+  """`reduce_max(length)` before the loop is the global batch's longest (5)
+  in every tower: one device's predictions, no pad value in them."""
+  fn = make_model_fn(steps_first=True)
+  want = predict(None, 7, fn)
+  got = predict(3, 7, fn, prediction_pad_value={"ids": -1, "words": "<pad>"})
+  assert want["ids"].shape == (7, 5)
+  for key in ("ids", "boxes", "words"):
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
 def test_a_pad_value_of_the_wrong_kind_names_the_prediction():

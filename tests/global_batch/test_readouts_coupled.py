@@ -54,9 +54,21 @@ def _eval_corpus_stateful(features, labels):
   return {"corpus": tf1.metrics.mean(corpus, tf.constant(1.0))}
 
 
+def _eval_global_values(features, labels):
+  """Values the rewrite keeps global (the batch's distinct labels), weighted
+  by a tensor shaped like them and counted: the global batch's, not each
+  tower's copy of it joined."""
+  distinct = tf.cast(tf.unique(labels)[0], tf.float32) + 0.0 * tf.reduce_sum(
+      _scores(features))
+  return {"distinct": tf1.metrics.mean(distinct, tf.fill(tf.shape(distinct),
+                                                         1.0)),
+          "count": tf1.metrics.mean(tf.size(distinct))}
+
+
 EVALS = {"py_func": _eval_py_func, "numpy_function": _eval_numpy_function,
          "corpus_py_func": _eval_corpus,
-         "corpus_numpy_function": _eval_corpus_stateful}
+         "corpus_numpy_function": _eval_corpus_stateful,
+         "global_values": _eval_global_values}
 
 
 def _predict_softmax(features):

@@ -76,3 +76,31 @@ def test_bert_like_gathers_nothing(mode, session_config):
   found = _rewrites(bert_like.model_fn, features, features["label_ids"],
                     mode, session_config)
   assert [r for r in found if r.gathered] == [], found
+
+
+def _batch_norm_model_fn(layer):
+  def model_fn(features, labels, mode):
+    normed = layer(features)
+    loss = tf.reduce_mean(tf.square(tf1.layers.dense(normed, 1) - labels))
+    optimizer = emg.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
+    with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+      train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+  return model_fn
+
+
+BATCH_NORMS = {
+    "tf1_layers": lambda x: tf1.layers.batch_normalization(x, training=True),
+    "keras": lambda x: tf.keras.layers.BatchNormalization()(x, training=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BATCH_NORMS))
+def test_batch_norm_layers_stay_per_shard(name, session_config):
+  """Without `sync_batch_norm`, a batch-norm layer's statistics (2-D: its
+  moments, not the fused op) are its shard's, as its one warning says: the
+  normalization and moving averages built from them are not rewritten."""
+  x = np.random.RandomState(0).rand(5, 3).astype(np.float32)
+  found = _rewrites(_batch_norm_model_fn(BATCH_NORMS[name]), x, x[:, :1],
+                    TRAIN, session_config)
+  assert found == []

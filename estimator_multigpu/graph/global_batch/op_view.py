@@ -83,15 +83,19 @@ _ARITHMETIC = {"Sub": np.subtract, "AddV2": np.add, "Add": np.add,
 
 def static_value(tensor, depth: int = 4) -> Optional[np.ndarray]:
   """`tensor`'s value if the graph fixes it: a constant, or a little
-  arithmetic of constants (`rank(x) - 1` as an axis)."""
+  arithmetic of constants (`rank(x) - 1` as an axis), stacked or joined
+  (`tf.concat([-1 * tf.ones_like(shape[:-1]), [k]], 0)` as a slice's size,
+  `tf.estimator.MultiHead`'s)."""
   value = tensor_util.constant_value(tensor)
   if value is not None or depth == 0:
     return value
   op = tensor.op
-  if op.type == "Pack":
+  if op.type in ("Pack", "ConcatV2"):
     values = [static_value(t, depth - 1) for t in op.inputs]
     if any(v is None for v in values):
       return None
+    if op.type == "ConcatV2":
+      return np.concatenate(values[:-1], axis=int(values[-1]))
     return np.stack(values, axis=op.get_attr("axis"))
   if op.type == "Neg":
     inner = static_value(op.inputs[0], depth - 1)

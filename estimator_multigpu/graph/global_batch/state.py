@@ -53,8 +53,11 @@ def package_ops():
 
 def mark(tensor: tf.Tensor, kind_name: str) -> tf.Tensor:
   """Declares what a package tool returned: "uniform" (the same in every
-  tower) or "share" (the tower's share of a global value, combined with
-  the towers' loss weights)."""
+  tower), "share" (the tower's share of a global value, combined with
+  the towers' loss weights) or "shard" (a statistic of the shard the
+  package keeps per tower by design, batch norm without `sync_batch_norm`:
+  to the table a constant of the tower, so what reads it stays per
+  shard)."""
   rewrite = current()
   if rewrite is not None:
     rewrite.set_kind(tensor, rewrite.share_kind if kind_name == "share"
