@@ -278,9 +278,13 @@ def multi_gpu(model_fn: Optional[ModelFn] = None, *,
       sort along the batch, `x - tf.reduce_mean(x)`, `tf.py_func`, an op
       type the package does not know) runs on the global batch; only ops
       whose batch semantics the package knows stay on the shard
-      (`emg.global_batch_ops(graph)` lists what was rewritten); not in
-      `synchronization="async"` training, whose towers step on their own
-      shards. False (this release's default): every op runs on its shard.
+      (`emg.global_batch_ops(graph)` lists what was rewritten), inside
+      `tf.cond` branches too; a statistic meeting the examples inside a
+      `tf.while_loop` body is an error. A tower's loss counts once by the
+      `loss_reduction`'s combination, however the model_fn normalized it.
+      Not in `synchronization="async"` training, whose towers step on their
+      own shards. False: every op runs on its shard, as written (the
+      couplings the package recognizes are still combined or warned).
 
   Returns:
     The wrapped `model_fn(features, labels, mode, params, config)`.

@@ -200,10 +200,6 @@ def _reconcile_write(write, context: _Context, inexact: list) -> list:
       return []
     _same_checkpoint(value, peer_values)
     return [p.op for p in peers]
-  if (write.kind in _ROW_WRITES and all(peers) and not own_copies and
-      global_batch.rows_of_examples(write.values)):
-    # Ids and values per example: each tower writes its own rows.
-    return [p.op for p in peers]
   if (write.additive and write.variable not in value and all(peers)
       and not own_copies and _sums_examples(write, context.analysis)):
     logging.info("multi_gpu: `%s` is updated with the step (%s): every "
@@ -216,8 +212,6 @@ def _reconcile_write(write, context: _Context, inexact: list) -> list:
 
 
 _RESTORES = frozenset({"RestoreV2", "Restore", "RestoreSlice"})
-_ROW_WRITES = frozenset({"ResourceScatterUpdate", "ScatterUpdate",
-                         "ResourceScatterNdUpdate", "ScatterNdUpdate"})
 
 
 def _same_checkpoint(value: set, peer_values: list) -> None:

@@ -174,8 +174,11 @@ def test_a_hook_fetching_the_labels_or_a_count_of_the_shard(
 @pytest.mark.parametrize("divide", [
     lambda total, b: total / b, lambda total, b: total * (1.0 / b),
     lambda total, b: tf.math.divide(total, tf.cast(b, tf.float32))])
-def test_a_sum_divided_by_params_batch_size_needs_sum_reduction(
-    divide, session_config, monkeypatch):
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_sum_divided_by_params_batch_size_is_one_devices(
+    divide, reduction, session_config, monkeypatch):
+  # Σ/B over the shard: a sum, which the towers' combination counts once
+  # under either reduction (under "mean" it is made global).
   def model_fn(features, labels, mode, params):
     pred = tf1.layers.dense(features, 1, name="d",
                            kernel_initializer=tf1.ones_initializer())
@@ -185,17 +188,13 @@ def test_a_sum_divided_by_params_batch_size_needs_sum_reduction(
     return tf.estimator.EstimatorSpec(
         mode, loss=loss,
         train_op=opt.minimize(loss, tf1.train.get_global_step()))
-  with tf.Graph().as_default():
-    tf1.train.get_or_create_global_step()
-    said = _capture(monkeypatch)
-    emg.multi_gpu(model_fn, devices=harness.cpu_devices(2))(
-        tf.constant(X), tf.constant(Y), TRAIN, {"batch_size": 7},
-        harness.config_for(session_config))
-    assert any("loss_reduction='sum'" in s for s in said), said
-  # With loss_reduction="sum" each tower's Σ/B adds up to one device's.
+
   def with_params(features, labels, mode):
     return model_fn(features, labels, mode, {"batch_size": 7})
-  got, _ = harness.train(with_params, X, Y, 1, session_config, num_towers=2,
-                         loss_reduction="sum")
-  want, _ = harness.train(with_params, X, Y, 1, session_config)
+  said = _capture(monkeypatch)
+  got, got_loss = harness.train(with_params, X, Y, 1, session_config,
+                                num_towers=2, loss_reduction=reduction)
+  want, want_loss = harness.train(with_params, X, Y, 1, session_config)
+  np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
   harness.assert_same_variables(got, want)
+  assert not any("loss_reduction='sum'" in s for s in said), said

@@ -24,14 +24,22 @@ code declares, `scopes` the towers' scope, the INFO line and the listing):
   stateful op runs in tower 0 only, once per step.
 
 Gradient construction is never rewritten: a tower's gradient is its share
-of the global gradient. With one tower, or without
-`multi_gpu(global_batch=True)` (this release's default is False), nothing
-is installed. `log_rewrites`
-writes one INFO line per model and mode; `rewrites(graph)` lists them.
+of the global gradient, and a tower's loss is counted once by the towers'
+combination (`TowerRewrite.tower_loss`: a global loss under "sum" by the
+tower's share, a sum of the shard under "mean" made global). A write (an op
+without outputs) meeting the global batch's values gathers the shard's rows
+and writes once, in tower 0; a scatter of per-example ids and rows runs in
+every tower (`state_updates`). Ops inside `tf.cond` branches are rewritten
+like the others (a branch on the global batch under a predicate of the
+tower's own rows is an error). With one tower, with
+`multi_gpu(global_batch=False)`, or in asynchronous training, nothing is
+installed. `log_rewrites` writes one INFO line per model and mode;
+`rewrites(graph)` lists them.
 
-What stays inferred (kept per shard as written, as before this mechanism):
-ops of rows counted by their values (`tf.where` of the shard, SparseTensor
-components, and what is computed from them), ops inside `tf.cond` /
-`tf.while_loop` bodies, and training batch norm's statistics without
-`sync_batch_norm` (the one documented warning).
+What stays inferred (kept per shard as written): ops of rows counted by
+their values (`tf.where` of the shard, SparseTensor components, and what is
+computed from them), ops inside `tf.while_loop` bodies (`tf.map_fn`,
+`tf.foldl`; a statistic of the batch meeting its examples there is an
+error), and training batch norm's statistics without `sync_batch_norm` (the
+one documented warning).
 """

@@ -131,7 +131,8 @@ class TowerRewrite:
     if isinstance(verdict, list):
       return self._keep(outputs, verdict, inputs)
     loop = _loop_of(graph, self.graph)
-    if loop is not None and verdict != K.GLOBALLY and not self.suspended:
+    if loop is not None and verdict != K.GLOBALLY and not self.suspended and (
+        view.of("rows")):
       _refuse_in_loop(view, loop)
     if self.suspended or loop is not None or op.type in _CONTROL_FLOW:
       return self._keep(outputs, _unrewritten(view, verdict))
@@ -191,13 +192,13 @@ class TowerRewrite:
     return None
 
   def _write(self, view: OpView, graph) -> None:
-    """An op without outputs (a variable's write) that meets the global
-    batch's values (`global_values`) and the shard's rows: its rows are
-    gathered, so it writes the global batch's values, once per step (tower
-    0's write: `state_updates`)."""
+    """An op without outputs (a variable's write) of the shard's rows (a
+    scatter of per-example ids and values, rows beside the global batch's
+    values): its rows are gathered, so it writes the global batch's values,
+    once per step, in one device's order (tower 0's write:
+    `state_updates`)."""
     rows = [i for i, k in enumerate(view.kinds) if k.is_rows]
-    if (not rows or graph is not self.graph or self.suspended or
-        not any(t.ref() in self.global_values for t in view.inputs)):
+    if not rows or graph is not self.graph or self.suspended:
       return None
     record = Rewrite(view.type, view.op.name, K.GLOBALLY)
     inputs = list(view.inputs)

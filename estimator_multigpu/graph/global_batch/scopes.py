@@ -116,22 +116,17 @@ def is_global(tensor) -> bool:
              tower0.records for tower0 in _BY_GRAPH.get(tensor.graph, []))
 
 
-def rows_of_examples(tensors) -> bool:
-  """Whether tower 0's `tensors` are all per-example rows of its shard (on
-  axis 0), by the global batch's rewrite: a write of them (a scatter keyed
-  by example ids) writes the shard's own rows, as every tower's does."""
-  towers0 = _BY_GRAPH.get(tf1.get_default_graph(), [])
-  return bool(towers0 and tensors) and all(
-      towers0[-1].kinds.get(t.ref()) == kinds.rows(0) for t in tensors)
-
-
 def global_values(tensors) -> bool:
   """Whether tower 0's `tensors` are all the global batch's, made so by
   the rewrite (or computed from such values): a write of them is one
   device's write, made once."""
   towers0 = _BY_GRAPH.get(tf1.get_default_graph(), [])
-  return bool(towers0 and tensors) and all(
-      t.ref() in towers0[-1].global_values for t in tensors)
+  if not towers0 or not tensors:
+    return False
+  tower0 = towers0[-1]
+  return all(tower0.kinds.get(t.ref(), kinds.UNIFORM).is_uniform
+             for t in tensors) and any(
+                 t.ref() in tower0.global_values for t in tensors)
 
 
 def tower_records(built: list) -> list:
