@@ -110,7 +110,7 @@ def test_a_gradient_of_partly_unknown_static_shape_is_not_a_transform(
   assert built_names(model_fn, session_config) == []
   want, _ = harness.train(model_fn, X, Y, 2, session_config)
   got, _ = harness.train(model_fn, X, Y, 2, session_config, num_towers=3,
-                         dynamic_batch=True)
+                         dynamic_batch=True, sync_batch_norm=True)
   # The trained variables (the moving averages are batch norm's tests').
   trained = [name for name in want if "moving_" not in name]
   harness.assert_same_variables({k: got[k] for k in trained},

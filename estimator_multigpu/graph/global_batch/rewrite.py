@@ -62,6 +62,24 @@ class Shared:
   stateful: list = dataclasses.field(default_factory=list)
   anchors: list = dataclasses.field(default_factory=list)
 
+  branches: list = dataclasses.field(default_factory=list)
+
+  def join_branch(self, tower_index: int, op: tf.Operation) -> None:
+    """Tower 0's `tf.cond` whose branches exchange with the towers runs
+    the other towers' (else a cond only tower 0's train_op runs would wait
+    for them forever)."""
+    if tower_index == 0:
+      self.branches.append(op)
+      return
+    position = self._branch_seen(tower_index)
+    if position < len(self.branches):
+      compat.private(self.branches[position], "_add_control_inputs")([op])
+
+  def _branch_seen(self, tower_index: int) -> int:
+    seen = self.__dict__.setdefault("_seen", {})
+    seen[tower_index] = seen.get(tower_index, -1) + 1
+    return seen[tower_index]
+
   def join(self, tower_index: int, position: int, anchor: tf.Operation,
            exchanged: list) -> None:
     """Tower 0 records its `anchor`; the others make it wait for theirs."""
@@ -134,7 +152,10 @@ class TowerRewrite:
     if loop is not None and verdict != K.GLOBALLY and not self.suspended and (
         view.of("rows")):
       _refuse_in_loop(view, loop)
-    if self.suspended or loop is not None or op.type in _CONTROL_FLOW:
+    # Not inside tf.cond branches either: a cond only tower 0's train_op
+    # runs (a write's) would leave its collectives waiting for the others.
+    if (self.suspended or loop is not None or graph is not self.graph or
+        op.type in _CONTROL_FLOW):
       return self._keep(outputs, _unrewritten(view, verdict))
     return self._rewrite(view, verdict, outputs)
 
@@ -147,7 +168,10 @@ class TowerRewrite:
       ValueError: its predicate is not the same in every tower.
     """
     names = {view.op.get_attr(a).name for a in ("then_branch", "else_branch")}
-    if view.kinds[0].is_uniform or not names & self._rewritten_bodies:
+    if not names & self._rewritten_bodies:
+      return
+    if view.kinds[0].is_uniform:  # tower 0's runs every tower's (a write's
+      self.shared.join_branch(self.tower_index, view.op)  # cond runs in 0).
       return
     raise ValueError(
         f"multi_gpu: the tf.cond {view.op.name} computes on the global batch "
