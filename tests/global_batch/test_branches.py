@@ -12,17 +12,10 @@ import tensorflow as tf
 import estimator_multigpu as emg
 
 from tests import harness
+from tests.global_batch.test_generated_model_fns import _centered
+from tests.global_batch.test_generated_model_fns import _standardized
 
 tf1 = tf.compat.v1
-
-
-def _centered(x):
-  return x - tf.reduce_mean(x, 0, keepdims=True)
-
-
-def _standardized(x):
-  mean, var = tf.nn.moments(x, [0], keepdims=True)
-  return (x - mean) * tf.math.rsqrt(var + 1.0)
 
 
 def _square_error(pred, labels):
