@@ -200,6 +200,7 @@ def _finish(graph: _Graph, spec, towers: list, features, labels):
                    graph.config, applied=scaling and scaling.should_apply)
   spec = _across_tasks(model_savers.complete(spec), graph.cluster, plan,
                        graph.strategy.carried)
+  global_batch.finish(graph.rewrites)
   return nan_guard.guard(spec, features, labels) if spec.train_op else spec
 
 

@@ -45,6 +45,13 @@ def standardized_in_v1_cond(pred, labels, on):
                   lambda: _square_error(pred, labels))
 
 
+def batch_mean_out_of_cond(pred, labels, on):
+  """Centered by hand with the statistic a tf.cond returns (training: the
+  batch's mean; else a fixed one), applied outside the branches."""
+  mean = tf.cond(on, lambda: tf.reduce_mean(pred, 0), lambda: tf.zeros([2]))
+  return _square_error(pred - mean, labels)
+
+
 def predicate_of_the_batch(pred, labels, on):
   del on
   return tf.cond(tf.reduce_mean(pred) > -100.0,
@@ -85,6 +92,7 @@ def predicate_of_the_rows(pred, labels, on):
 EXACT = {"cross_tower_sum_in_cond": cross_tower_sum_in_cond,
          "global_ratio_in_cond": global_ratio_in_cond,
          "centered_in_cond": centered_in_cond,
+         "batch_mean_out_of_cond": batch_mean_out_of_cond,
          "standardized_in_v1_cond": standardized_in_v1_cond,
          "predicate_of_the_batch": predicate_of_the_batch,
          "predicate_of_a_count": predicate_of_a_count}
@@ -110,11 +118,6 @@ def make_model_fn(loss_of):
 @pytest.mark.parametrize("towers,batch", [(2, 7), (3, 7), (3, 2)])
 def test_couplings_in_branches_are_one_devices(name, towers, batch,
                                                 session_config):
-  if name in ("centered_in_cond", "standardized_in_v1_cond",
-              "predicate_of_the_batch", "predicate_of_a_count"):
-    pytest.xfail("ops inside tf.cond branches are not rewritten: a cond "
-                 "only tower 0's train_op runs (a write's) would hang the "
-                 "other towers' collectives; kept per shard (inferred)")
   x, y = harness.linear_data(batch, seed=batch)
   fn = make_model_fn(EXACT[name])
   want, want_loss = harness.train(fn, x, y, 2, session_config)
@@ -127,9 +130,6 @@ def test_couplings_in_branches_are_one_devices(name, towers, batch,
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_what_cannot_be_exact_in_control_flow_is_refused(name,
                                                           session_config):
-  if name == "predicate_of_the_rows":
-    pytest.xfail("branches are not rewritten yet, so no predicate is "
-                 "checked (kept per shard, inferred)")
   loss_of, named = REFUSED[name]
   x, y = harness.linear_data(7, seed=1)
   with pytest.raises(ValueError, match=rf"multi_gpu: .*{named}"):

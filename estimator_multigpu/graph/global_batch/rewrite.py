@@ -4,9 +4,11 @@ where it cannot stay on the shard as it is (see the package doc).
 `TowerRewrite` holds one tower's kinds (every tensor the tower made, by its
 kind) and builds the rewrites; `state.tower_scope` installs it around the
 tower's model_fn call. Gradient construction is not hooked (`compat.op_hooks`);
-ops inside function bodies (`tf.cond` / `tf.while_loop` branches) and ops
-the package builds for its own cross-tower tools (`package_ops`) are
-classified, never rewritten.
+ops inside `tf.while_loop` bodies and ops the package builds for its own
+cross-tower tools (`package_ops`) are classified, never rewritten. Ops
+inside `tf.cond` branches are rewritten like the others: every tower's cond
+then runs wherever tower 0's runs (`Shared.run_branches_together`), and a
+predicate of the tower's own rows is refused (`_check_branches`).
 """
 
 from __future__ import annotations
@@ -62,23 +64,31 @@ class Shared:
   stateful: list = dataclasses.field(default_factory=list)
   anchors: list = dataclasses.field(default_factory=list)
 
-  branches: list = dataclasses.field(default_factory=list)
+  branches: list = dataclasses.field(default_factory=list)  # per tf.cond.
+  _seen: dict = dataclasses.field(default_factory=dict)
 
   def join_branch(self, tower_index: int, op: tf.Operation) -> None:
-    """Tower 0's `tf.cond` whose branches exchange with the towers runs
-    the other towers' (else a cond only tower 0's train_op runs would wait
-    for them forever)."""
+    """Records every tower's `tf.cond` that exchanges with the others, in
+    tower 0's order (`run_branches_together`)."""
+    position = self._seen[tower_index] = self._seen.get(tower_index, -1) + 1
     if tower_index == 0:
-      self.branches.append(op)
-      return
-    position = self._branch_seen(tower_index)
-    if position < len(self.branches):
-      compat.private(self.branches[position], "_add_control_inputs")([op])
+      self.branches.append([op])
+    elif position < len(self.branches):
+      self.branches[position].append(op)
 
-  def _branch_seen(self, tower_index: int) -> int:
-    seen = self.__dict__.setdefault("_seen", {})
-    seen[tower_index] = seen.get(tower_index, -1) + 1
-    return seen[tower_index]
+  def run_branches_together(self, graph: tf.Graph) -> None:
+    """What runs tower 0's `tf.cond` runs the other towers' beside it (a
+    cond only tower 0's train_op runs, a write's, would leave its
+    collectives waiting). Its consumers wait for them; the cond itself
+    must not, or it would wait for collectives that wait for it."""
+    firsts = {conds[0]: [_ran(c) for c in conds[1:]]
+              for conds in self.branches if conds[1:]}
+    for op in graph.get_operations() if firsts else ():
+      peers = [p for c in op.control_inputs for p in firsts.get(c, ())] + [
+          p for t in op.inputs for p in firsts.get(t.op, ())]
+      if peers:
+        compat.private(op, "_add_control_inputs")(
+            [p for p in peers if p is not op and p not in op.control_inputs])
 
   def join(self, tower_index: int, position: int, anchor: tf.Operation,
            exchanged: list) -> None:
@@ -117,6 +127,7 @@ class TowerRewrite:
     self._exchanged: list = []
     self._losses: dict = {}  # a loss's ref -> what `tower_loss` made of it.
     self._rewritten_bodies: set = set()  # names of branches with rewrites.
+    self._bodies: dict = {}  # name -> a branch's graph, as hooked.
     # Refs of what the rewrites made the global batch's, and what is
     # computed from them with uniform kind.
     self.global_values: set = set()
@@ -140,22 +151,23 @@ class TowerRewrite:
     if op is None or not _inside(graph, self.graph) or (
         graph is not self.graph and op.type == "Placeholder"):
       return None  # a body's placeholder: its capture's kind (`kind_of`).
+    if graph is not self.graph:
+      self._bodies[graph.name] = graph
     view = OpView(op, inputs, [self.kind_of(t) for t in inputs])
+    if op.type in _BRANCHING:
+      self._check_branches(view)
+      if outputs:
+        return self._keep(outputs, self._branch_kinds(view), inputs)
     if not outputs:
       return self._write(view, graph)
     verdict = table.classify(view)
-    if op.type in _BRANCHING:
-      self._check_branches(view)
     if isinstance(verdict, list):
       return self._keep(outputs, verdict, inputs)
     loop = _loop_of(graph, self.graph)
     if loop is not None and verdict != K.GLOBALLY and not self.suspended and (
         view.of("rows")):
       _refuse_in_loop(view, loop)
-    # Not inside tf.cond branches either: a cond only tower 0's train_op
-    # runs (a write's) would leave its collectives waiting for the others.
-    if (self.suspended or loop is not None or graph is not self.graph or
-        op.type in _CONTROL_FLOW):
+    if self.suspended or loop is not None or op.type in _CONTROL_FLOW:
       return self._keep(outputs, _unrewritten(view, verdict))
     return self._rewrite(view, verdict, outputs)
 
@@ -182,6 +194,21 @@ class TowerRewrite:
         "predicate the same for the whole batch (a statistic of the batch, "
         "the global step), or compute both branches' values before the "
         "tf.cond and select between them.")
+
+  def _branch_kinds(self, view: OpView) -> list:
+    """A `tf.cond`'s outputs: what both branches return (a mean of the
+    shard in one and a value the same in every tower in the other is a
+    mean; rows of different kinds are kept per shard, `LOCAL`)."""
+    bodies = [self._bodies.get(view.op.get_attr(a).name)
+              for a in ("then_branch", "else_branch")]
+    kinds = []
+    for i in range(view.num_outputs):
+      pair = {self.kind_of(b.outputs[i]) if b is not None and
+              i < len(b.outputs) else K.LOCAL for b in bodies}
+      if K.MEAN in pair:
+        pair.discard(K.UNIFORM)
+      kinds.append(pair.pop() if len(pair) == 1 else K.LOCAL)
+    return kinds
 
   def tower_loss(self, loss: tf.Tensor) -> tf.Tensor:
     """`loss` as the towers' combination counts it: of the loss reduction's
@@ -326,6 +353,15 @@ class TowerRewrite:
       if kind.is_uniform:
         self.global_values.add(tensor.ref())
     return outputs
+
+
+def _ran(cond: tf.Operation) -> tf.Operation:
+  """An op that runs `cond`'s branch: a read of its output (a control edge
+  from a lowered cond waits for its predicate only, not its branch)."""
+  if not cond.outputs:
+    return cond
+  with tf.control_dependencies(None), tf.device(cond.device):
+    return tf.identity(cond.outputs[0], name=f"{cond.name}_ran").op
 
 
 def _mean_by_counts(values: tf.Tensor, mean: tf.Tensor) -> tf.Tensor:

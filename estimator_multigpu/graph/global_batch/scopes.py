@@ -82,6 +82,14 @@ def log_rewrites(rewrites_of_towers: list, mode: str) -> None:
       statistics)
 
 
+def finish(rewrites_of_towers: list) -> None:
+  """Once the spec is built: every tower's `tf.cond` that exchanges with
+  the others runs wherever tower 0's does (`Shared.run_branches_together`)."""
+  if rewrites_of_towers:
+    rewrites_of_towers[0].shared.run_branches_together(
+        tf1.get_default_graph())
+
+
 def global_batch_ops(graph: Optional[tf.Graph] = None) -> list:
   """What `multi_gpu` runs on the global batch in `graph`.
 
