@@ -58,7 +58,33 @@ def _batch_major(spelling, batch):
   return state_fn
 
 
-STYLES = {"keyed_scatter_update": lambda b: _keyed("scatter_update", b),
+def _moving_statistics(spelling, batch):
+  """Batch norm by hand: the batch's moments normalize it, and moving
+  averages of them are written by the train_op (a statistic of the batch,
+  not rows: written once, the global batch's)."""
+  del batch
+  def state_fn(features):
+    mm = tf1.get_variable("moving_mean", [4], trainable=False,
+                          initializer=tf1.zeros_initializer())
+    mv = tf1.get_variable("moving_variance", [4], trainable=False,
+                          initializer=tf1.ones_initializer())
+    mean, var = tf.nn.moments(features["x"], [0])
+    x = (features["x"] - mean) * tf.math.rsqrt(var + 1e-3)
+    if spelling == "assign":
+      writes = [tf1.assign(mm, 0.9 * mm + 0.1 * mean),
+                tf1.assign(mv, 0.9 * mv + 0.1 * var)]
+    else:  # as Keras' moving averages: v -= (1 - momentum) * (v - value).
+      writes = [mm.assign_sub(0.1 * (mm - mean)),
+                tf1.assign_sub(mv, 0.1 * (mv - var))]
+    return _step(tf.zeros([tf.shape(x)[0], UNITS]), x), tf.group(writes)
+  return state_fn
+
+
+STYLES = {"moving_statistics_assign": lambda b: _moving_statistics(
+              "assign", b),
+          "moving_statistics_assign_sub": lambda b: _moving_statistics(
+              "assign_sub", b),
+"keyed_scatter_update": lambda b: _keyed("scatter_update", b),
           "keyed_scatter_nd": lambda b: _keyed("scatter_nd", b),
           "batch_major_assign": lambda b: _batch_major("assign", b),
           "batch_major_read_value": lambda b: _batch_major("read_value", b)}

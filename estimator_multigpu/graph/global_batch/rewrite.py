@@ -245,23 +245,27 @@ class TowerRewrite:
   def _write(self, view: OpView, graph) -> None:
     """An op without outputs (a variable's write) of the shard's rows (a
     scatter of per-example ids and values, rows beside the global batch's
-    values): its rows are gathered, so it writes the global batch's values,
-    once per step, in one device's order (tower 0's write:
-    `state_updates`)."""
-    rows = [i for i, k in enumerate(view.kinds) if k.is_rows]
-    if not rows or graph is not self.graph or self.suspended:
+    values) or of a statistic of the shard (a moving average of the batch's
+    mean): its rows are gathered and its statistics made global, so it
+    writes the global batch's values, once per step, in one device's order
+    (tower 0's write: `state_updates`)."""
+    touched = [i for i, k in enumerate(view.kinds)
+               if k.is_rows or k.is_statistic or k.is_shape]
+    if not touched or graph is not self.graph or self.suspended:
       return None
     record = Rewrite(view.type, view.op.name, K.GLOBALLY)
-    inputs = list(view.inputs)
-    for i in rows:
-      inputs[i] = exchange.gather(inputs[i], view.kinds[i].axis)[0]
+    inputs, _ = self._global_values(view, record)
+    for i in touched:
+      if view.kinds[i].is_rows:
+        inputs[i] = exchange.gather(inputs[i], view.kinds[i].axis)[0]
+        record.gathered += 1
       self.set_kind(inputs[i], K.UNIFORM)
       self.global_values.add(inputs[i].ref())
-      record.gathered += 1
     _rewire(view.op, inputs)
-    self.records.append(record)  # tower 0's write waits for every gather.
+    self.records.append(record)  # tower 0's write waits for every exchange.
     self.shared.join(self.tower_index, len(self.records) - 1, view.op,
-                     [inputs[i] for i in rows])
+                     [inputs[i] for i in touched])
+    self._exchanged = []
     return None
 
   def _rewrite(self, view: OpView, verdict: str, outputs) -> list:
