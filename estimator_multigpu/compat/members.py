@@ -53,6 +53,8 @@ PRIVATE_MEMBERS = (
                   "synchronized batch norm (Keras layers)"),
     PrivateMember(_BATCH_NORM, "_fused_batch_norm",
                   "synchronized batch norm (fused Keras layers)"),
+    PrivateMember(_BATCH_NORM, "_assign_moving_average",
+                  "a layer's own moving statistics kept as its warning says"),
     PrivateMember("keras_base_layer.Layer", "_handle_weight_regularization",
                   "regularization counted once (loss_reduction='sum')"),
     PrivateMember("keras_base_layer_v1.Layer",

@@ -102,21 +102,23 @@ def _per_tower(training: Any = True) -> None:
 
 def _install() -> None:
   base = _keras_batch_norm_base()
-  for name, wrap in (("_moments", _keras_moments),
-                     ("_fused_batch_norm", _keras_fused)):
+  for name, wrap in _KERAS_WRAPS:
     compat.set_private(base, name, wrap(compat.private(base, name)))
   slim_layers = _slim_layers()
   if slim_layers is not None:
     slim_layers.nn = _SlimNN(slim_layers.nn)
+    slim_layers.moving_averages = _SlimMovingAverages(
+        slim_layers.moving_averages)
 
 
 def _uninstall() -> None:
   base = _keras_batch_norm_base()
-  for name in ("_moments", "_fused_batch_norm"):
+  for name, _ in _KERAS_WRAPS:
     compat.set_private(base, name, compat.private(base, name).original)
   slim_layers = _slim_layers()
   if slim_layers is not None and isinstance(slim_layers.nn, _SlimNN):
     slim_layers.nn = slim_layers.nn.module
+    slim_layers.moving_averages = slim_layers.moving_averages.module
 
 
 def _keras_batch_norm_base() -> type:
@@ -124,6 +126,9 @@ def _keras_batch_norm_base() -> type:
 
 
 _PATCH = patching.Patch(_install, _uninstall)
+_KERAS_WRAPS = (("_moments", lambda o: _keras_moments(o)),
+                ("_fused_batch_norm", lambda o: _keras_fused(o)),
+                ("_assign_moving_average", lambda o: _own_moving_average(o)))
 _patched = _PATCH.scope
 
 
@@ -137,6 +142,32 @@ def _slim_layers():
     return importlib.import_module("tf_slim.layers.layers")
   except ImportError:
     return None
+
+
+def _own_moving_average(original):
+  """A layer's write of its moving statistics, built as the package's: per
+  shard without `sync_batch_norm` (the layer's warning), global with it;
+  never rewritten (an all-reduce per moving average would cost every net
+  its speed)."""
+
+  def assign(*args, **kwargs):
+    with global_batch.package_ops():
+      return original(*args, **kwargs)
+
+  assign.original = original
+  return assign
+
+
+class _SlimMovingAverages:
+  """tf-slim's view of `moving_averages`: a layer's own (`_own_moving_average`)."""
+
+  def __init__(self, module):
+    self.module = module
+    self.assign_moving_average = _own_moving_average(
+        module.assign_moving_average)
+
+  def __getattr__(self, name):
+    return getattr(self.module, name)
 
 
 def _keras_moments(original):

@@ -156,11 +156,15 @@ class Recorder:
     return result
 
   def _kind(self, leaf, problems: list) -> Optional[str]:
-    """ROWS, STATISTIC, or None for an argument the shard does not make
-    (or one `multi_gpu` cannot join: warned)."""
+    """ROWS, STATISTIC ("mean" or "sum" where the global batch's rewrite
+    knows which), or None for an argument the shard does not make (or one
+    `multi_gpu` cannot join: warned)."""
     tensors = global_values.components(leaf)
     if not tensors:
       return None
+    known = global_batch.readout_kind(leaf)  # the rewrite's, when on.
+    if known is not None:
+      return {"rows": tensor_kinds.ROWS, "uniform": None}.get(known, known)
     if isinstance(leaf, tf.SparseTensor):
       rows = any(self._analysis.status(t) == tensor_kinds.ROWS
                  for t in tensors)

@@ -50,7 +50,7 @@ class Combiner:
                towers: list, shares: list):
     self._analysis = analysis
     self._weights = [t.loss_weight for t in towers]
-    self._shares = shares
+    self.shares = shares
     self._losses = _loss_terms(towers[0])
     self._known = {t.ref(): loss_kind for t in self._losses}
 
@@ -83,7 +83,7 @@ class Combiner:
     kind = shard_statistics.statistic_kind(pieces[0], self._analysis,
                                            self._known)
     if kind != shard_statistics.RATIO:
-      return _by_kind(kind, pieces, self._shares)
+      return _by_kind(kind, pieces, self.shares)
     return self._ratio(pieces)
 
   def _ratio(self, pieces: list, denominator=None) -> Optional[tf.Tensor]:
@@ -112,9 +112,9 @@ class Combiner:
     if any(c is None or np.ndim(c) for c in counts) or len(
         {float(c) for c in counts}) == 1:
       return None
-    per_example = {float(c) / share for c, share in zip(counts, self._shares)
+    per_example = {float(c) / share for c, share in zip(counts, self.shares)
                    if share}
-    empty_ok = all(float(c) == 0 for c, share in zip(counts, self._shares)
+    empty_ok = all(float(c) == 0 for c, share in zip(counts, self.shares)
                    if not share)
     return [float(c) for c in counts] if len(per_example) == 1 and (
         empty_ok) else None
@@ -125,8 +125,12 @@ def bind(stub, pieces: list, kind: str, combiner: Combiner,
   """Feeds `stub` the global batch's value of the towers' `pieces`: joined
   for `tensor_kinds.ROWS`, else combined (a problem if it cannot be)."""
   with tf.device(components(stub)[0].device), tf.name_scope("global_batch"):
-    value = (_concat(pieces) if kind == tensor_kinds.ROWS else
-             combiner.combine(pieces, problems))
+    if kind == tensor_kinds.ROWS:
+      value = _concat(pieces)
+    elif kind in (shard_statistics.MEAN, shard_statistics.SUM):
+      value = _by_kind(kind, pieces, combiner.shares)  # the rewrite's kind.
+    else:
+      value = combiner.combine(pieces, problems)
   if value is not None:
     _feed(stub, value)
 

@@ -67,6 +67,21 @@ def mark(tensor: tf.Tensor, kind_name: str) -> tf.Tensor:
 
 
 
+def readout_kind(tensor):
+  """What the tower being built knows `tensor` is, for a readout: "rows"
+  (per example along axis 0, or rows counted by their values), "mean" or
+  "sum" (a statistic of the shard, combined so), "uniform" (the same in
+  every tower); None without a rewrite, or for rows along another axis."""
+  rewrite = current()
+  if rewrite is None or not isinstance(tensor, tf.Tensor) or (
+      tensor.graph is not rewrite.graph):
+    return None
+  kind = rewrite.kind_of(tensor)
+  if kind.is_local or (kind.is_rows and kind.axis == 0):
+    return "rows"
+  return kind.name if kind.is_statistic or kind.is_uniform else None
+
+
 def tower_loss(loss):
   """`loss` as the towers' combination counts it, inside a tower being
   rewritten (`rewrite.TowerRewrite.tower_loss`); else `loss`."""
