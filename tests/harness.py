@@ -69,7 +69,8 @@ def train(model_fn, features, labels, steps, session_config, num_towers=None,
       # Local after global, as Estimator does: replicated towers' local
       # copies start from tower 0's values.
       initializers = [tf1.global_variables_initializer(),
-                      tf1.local_variables_initializer()]
+                      tf1.local_variables_initializer(),
+                      tf1.tables_initializer()]
       for initializer in initializers:
         session.run(initializer)
       first_loss = None

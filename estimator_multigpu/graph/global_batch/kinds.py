@@ -8,7 +8,9 @@
   the shard, SparseTensor components): kept per shard, as written;
 - `shape_of(k)`: a shape vector whose entry k is the shard's row count;
 - `SUM`: a statistic the towers combine by Σᵢ xᵢ (a sum over the batch
-  axis, a count, the shard's size);
+  axis, a count, the shard's size); `LOCAL_COUNT`, a `SUM` that counts
+  `LOCAL` rows (`tf.size` of SparseTensor values): what it shapes or
+  enumerates (`tf.range` of it) is `LOCAL` too;
 - `MEAN`: a statistic the towers combine by Σᵢ (nᵢ/n)·xᵢ (a mean over the
   batch axis) — under `loss_reduction="mean"`, the tower's loss.
 """
@@ -23,7 +25,7 @@ class Kind:
   """One kind (see the module doc); `axis` for rows and shapes."""
   name: str
   axis: int = 0
-  ragged: bool = False  # a shape of LOCAL rows.
+  ragged: bool = False  # a shape, or a count (`sum`), of LOCAL rows.
 
   @property
   def is_rows(self) -> bool:
@@ -45,16 +47,28 @@ class Kind:
   def is_local(self) -> bool:
     return self.name == "local"
 
+  @property
+  def plain(self) -> "Kind":
+    """The kind as a statistic: a count of LOCAL rows is a `SUM`."""
+    return SUM if self.is_statistic and self.ragged else self
+
   def __repr__(self) -> str:
     if self.name in ("rows", "shape"):
       return f"{self.name}@{self.axis}" + ("~" if self.ragged else "")
-    return self.name
+    return self.name + ("~" if self.ragged else "")
 
 
 UNIFORM = Kind("uniform")
 LOCAL = Kind("local")
 SUM = Kind("sum")
 MEAN = Kind("mean")
+LOCAL_COUNT = Kind("sum", ragged=True)
+
+
+def count_of(shape: Kind) -> Kind:
+  """The batch entry of a shape vector: the shard's size, a `SUM` (a count
+  of LOCAL rows where the shape is theirs)."""
+  return LOCAL_COUNT if shape.ragged else SUM
 
 
 def rows(axis: int) -> Kind:

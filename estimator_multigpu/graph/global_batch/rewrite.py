@@ -215,7 +215,7 @@ class TowerRewrite:
     kind (a MEAN Σᵢ wᵢ·lossᵢ, a SUM Σᵢ lossᵢ). A statistic of the other
     kind is made global; a global (uniform) value under "sum" is this
     tower's share of it, wᵢ·loss, so the towers count it once."""
-    kind = self.kind_of(loss)
+    kind = self.kind_of(loss).plain
     if kind == self.share_kind or not (kind.is_statistic or kind.is_uniform) or (
         kind.is_uniform and self.share_kind == K.MEAN):
       return loss

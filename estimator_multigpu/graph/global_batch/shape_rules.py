@@ -24,7 +24,8 @@ def shape(view: OpView) -> list:
   out = []
   for kind in view.kinds[:view.num_outputs]:
     if view.type == "Size":
-      out.append(K.SUM if (kind.is_rows or kind.is_local) else K.UNIFORM)
+      out.append(K.SUM if kind.is_rows else
+                 K.LOCAL_COUNT if kind.is_local else K.UNIFORM)
     elif kind.is_rows or kind.is_local:
       out.append(K.shape_of(kind.axis if kind.is_rows else 0, kind.is_local))
     else:
@@ -75,7 +76,7 @@ def _slice_of_shape(view, kind, begin, end, strides):
   mask = view.attr("shrink_axis_mask", 0)
   if mask & 1:
     index = int(begin[0]) % length
-    return [K.SUM if index == kind.axis else K.UNIFORM]
+    return [K.count_of(kind) if index == kind.axis else K.UNIFORM]
   b = None if view.attr("begin_mask", 0) & 1 else int(begin[0])
   e = None if view.attr("end_mask", 0) & 1 else int(end[0])
   kept = list(positions[b:e:int(strides[0])])
@@ -178,10 +179,12 @@ def pack(view: OpView):
   sums = view.of("sum")
   if (rank == 1 and len(sums) == 1 and len(view.of("uniform")) ==
       len(view.kinds) - 1 and view.inputs[sums[0]].dtype.is_integer):
-    return [K.shape_of(sums[0])]
+    return [K.shape_of(sums[0], view.kinds[sums[0]].ragged)]
   if view.of("rows"):
     return K.GLOBALLY
   stats = {k for k in view.kinds if k.is_statistic}
+  if len(stats) > 1:
+    stats = {k.plain for k in stats}
   if len(stats) == 1 and all(k.is_statistic for k in view.kinds):
     return [stats.pop()]
   return K.LOCALLY
@@ -205,16 +208,16 @@ def concat(view: OpView):
       return [K.shape_of(sum(before) + kind.axis, kind.ragged)]
   if any(k.is_rows for k in values):
     return K.GLOBALLY
-  stats = set(values)
-  return [values[0]] if len(stats) == 1 and values[0].is_statistic else (
+  stats = set(values) if len(set(values)) == 1 else {k.plain for k in values}
+  return [stats.pop()] if len(stats) == 1 and values[0].is_statistic else (
       K.LOCALLY)
 
 
 def _as_shape(tensor, kind):
   """A one-entry integer count vector (`[batch_size]`) is a shape entry."""
-  if (kind == K.SUM and tensor.dtype.is_integer and
+  if (kind.plain == K.SUM and tensor.dtype.is_integer and
       tensor.shape.as_list() == [1]):
-    return K.shape_of(0)
+    return K.shape_of(0, kind.ragged)
   return kind
 
 
@@ -225,7 +228,7 @@ def unpack(view: OpView):
   if kind.is_rows and axis != kind.axis:
     return [K.rows(kind.axis - (axis < kind.axis))] * view.num_outputs
   if kind.is_shape:
-    return [K.SUM if i == kind.axis else K.UNIFORM
+    return [K.count_of(kind) if i == kind.axis else K.UNIFORM
             for i in range(view.num_outputs)]
   if kind.is_statistic:
     return [kind] * view.num_outputs
@@ -256,9 +259,9 @@ def transpose(view: OpView):
 
 def expand_dims(view: OpView):
   kind = view.kinds[0]
-  if kind == K.SUM and view.inputs[0].dtype.is_integer and (
+  if kind.plain == K.SUM and view.inputs[0].dtype.is_integer and (
       view.rank(0) == 0):
-    return [K.shape_of(0)]  # [batch_size]
+    return [K.shape_of(0, kind.ragged)]  # [batch_size]
   if kind.is_statistic:
     return [kind]
   rank = view.out_rank()
@@ -353,7 +356,7 @@ def _entries_of_shape(kind, picked):
     return K.LOCALLY
   picked = np.asarray(picked)
   if picked.ndim == 0:
-    return [K.SUM if int(picked) == kind.axis else K.UNIFORM]
+    return [K.count_of(kind) if int(picked) == kind.axis else K.UNIFORM]
   hits = [i for i, p in enumerate(picked.tolist()) if p == kind.axis]
   if len(hits) > 1:
     return K.LOCALLY

@@ -37,7 +37,7 @@ BitwiseAnd BitwiseOr BitwiseXor Div DivNoNan Equal FloorDiv FloorMod Greater
 GreaterEqual Igamma Igammac LeftShift Less LessEqual LogicalAnd LogicalOr
 Maximum Minimum Mod Mul MulNoNan NextAfter NotEqual Polygamma Pow RealDiv
 RightShift Select SelectV2 SquaredDifference Sub TruncateDiv TruncateMod
-Xdivy Xlog1py Xlogy Zeta LookupTableFindV2 LookupTableFind""".split())
+Xdivy Xlog1py Xlogy Zeta StringJoin""".split())
 # Linear in a statistic: the towers' combination commutes with them.
 _PASS = frozenset("Identity Cast StopGradient Snapshot CheckNumerics "
                   "PreventGradient EnsureShape Neg".split())
@@ -130,6 +130,8 @@ def _common_axis(view: OpView):
 def _statistics(view: OpView) -> Verdict:
   """Statistics (and uniform values): linear ops keep the kind."""
   stats = {view.kinds[i] for i in view.of("sum") + view.of("mean")}
+  if len(stats) > 1:  # a count of LOCAL rows with another sum: a sum.
+    stats = {k.plain for k in stats}
   if len(stats) != 1:
     return K.LOCALLY
   stat = stats.pop()
@@ -157,7 +159,7 @@ def reduction(view: OpView) -> Verdict:
   if kind.is_statistic:
     return [kind] if view.type in ("Sum", "Mean") else K.LOCALLY
   if kind.is_shape:
-    return [K.SUM] if view.type == "Prod" else K.LOCALLY
+    return [K.count_of(kind)] if view.type == "Prod" else K.LOCALLY
   if kind.axis not in axes:
     keep = view.attr("keep_dims", False)
     return [K.rows(kind.axis - (0 if keep else
@@ -295,6 +297,50 @@ def segment_sum(view: OpView) -> Verdict:
   return K.GLOBALLY
 
 
+def lookup(view: OpView) -> Verdict:
+  """A table's lookup of per-example keys (a vocabulary, a hash table):
+  each key's value, the keys' batch axis kept (values of a shape of their
+  own follow the keys' axes)."""
+  keys = view.kinds[1]
+  if keys.is_rows and view.kinds[0].is_uniform and all(
+      k.is_uniform for k in view.kinds[2:]):
+    return [keys]
+  return K.GLOBALLY
+
+
+def sparse_cross(view: OpView) -> Verdict:
+  """`tf.sparse.cross` (`crossed_column`) of dense per-example features
+  (and SparseTensors of the shard): each example's crosses, a SparseTensor
+  whose rows are counted by their values (`LOCAL`, its width the shard's)."""
+  if all(k.is_uniform or k == K.rows(0) or (k.is_shape and k.axis == 0)
+         for k in view.kinds) and view.of("rows"):
+    dense = [i for i, k in enumerate(view.kinds) if k.is_rows]
+    if all(view.rank(i) == 2 for i in dense):
+      return [K.LOCAL] * view.num_outputs
+  return K.GLOBALLY
+
+
+def string_split(view: OpView) -> Verdict:
+  """`tf.strings.split` of each example's string: a SparseTensor (or a
+  ragged tensor's pieces) of the shard, `LOCAL`."""
+  if view.kinds[0] == K.rows(0) and view.rank(0) == 1 and all(
+      k.is_uniform for k in view.kinds[1:]):
+    return [K.LOCAL] * view.num_outputs
+  return K.GLOBALLY
+
+
+def range_op(view: OpView) -> Verdict:
+  """`tf.range` of a count of LOCAL rows (`tf.range(tf.size(ids))` of a
+  SparseTensor's values, as `embedding_lookup` over partitions writes it):
+  one entry per LOCAL row, `LOCAL`. A range of the shard's size stays on
+  the global batch (its values are the examples' positions in the batch:
+  in-batch targets)."""
+  start, limit, delta = view.kinds
+  if start.is_uniform and delta.is_uniform and limit == K.LOCAL_COUNT:
+    return [K.LOCAL]
+  return K.GLOBALLY
+
+
 def _rules() -> dict:
   rules = {t: elementwise for t in UNARY | BINARY}
   rules.update({t: reduction for t in _REDUCTIONS})
@@ -307,7 +353,11 @@ def _rules() -> dict:
       MatMul=matmul, BatchMatMul=batch_matmul, BatchMatMulV2=batch_matmul,
       BatchMatMulV3=batch_matmul, Einsum=einsum,
       Conv2DBackpropInput=conv_backprop_input,
-      UnsortedSegmentSum=segment_sum)
+      UnsortedSegmentSum=segment_sum, ReduceJoin=reduction,
+      LookupTableFind=lookup, LookupTableFindV2=lookup, Range=range_op,
+      SparseCross=sparse_cross, SparseCrossHashed=sparse_cross,
+      SparseCrossV2=sparse_cross, StringSplit=string_split,
+      StringSplitV2=string_split)
   return rules
 
 
