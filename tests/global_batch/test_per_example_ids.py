@@ -164,7 +164,7 @@ def data(batch, seed=3):
   ids = _sparse(rng, batch, 0, least=1)
   safe = _sparse(rng, batch, -3)
   weights = (0.5 + rng.rand(len(ids[1]))).astype(np.float32)
-  safe_weights = (0.5 + rng.rand(len(safe[1]))).astype(np.float32)
+  rng.rand(len(safe[1]))  # a draw kept: the data the cases were written on.
   x = rng.randn(batch, 3).astype(np.float32)
   dense_ids = rng.randint(0, 20, (batch, 2)).astype(np.int64)
   y = rng.randn(batch, 1).astype(np.float32)
