@@ -37,7 +37,7 @@ def config_for(session_config):
 
 
 def train(model_fn, features, labels, steps, session_config, num_towers=None,
-          dynamic_batch=False, local_variables=False, **options):
+          dynamic_batch=False, local_variables=False, params=None, **options):
   """Trains `model_fn` (wrapped when num_towers is set) for `steps` steps.
 
   Args:
@@ -50,6 +50,7 @@ def train(model_fn, features, labels, steps, session_config, num_towers=None,
     dynamic_batch: feed the inputs through placeholders whose batch
       dimension is unknown when the graph is built.
     local_variables: also return the local variables (replicated copies).
+    params: the model_fn's `params` (default {}).
     **options: more `multi_gpu` options.
 
   Returns:
@@ -64,7 +65,7 @@ def train(model_fn, features, labels, steps, session_config, num_towers=None,
     labels_t = _inputs(labels, dynamic_batch, feed)
     fn = model_fn if num_towers is None else emg.multi_gpu(
         model_fn, devices=cpu_devices(num_towers), **options)
-    spec = call(fn, features_t, labels_t, TRAIN, session_config)
+    spec = call(fn, features_t, labels_t, TRAIN, session_config, params)
     with tf1.Session(config=session_config) as session:
       # Local after global, as Estimator does: replicated towers' local
       # copies start from tower 0's values.
@@ -91,10 +92,10 @@ def assert_same_variables(got: dict, want: dict, atol: float = 1e-5):
     np.testing.assert_allclose(got[name], want[name], atol=atol, err_msg=name)
 
 
-def call(model_fn, features, labels, mode, session_config):
+def call(model_fn, features, labels, mode, session_config, params=None):
   """Calls a model_fn with the arguments it declares, like Estimator."""
   declared = inspect.signature(model_fn).parameters
-  extra = {"params": {}, "config": config_for(session_config)}
+  extra = {"params": params or {}, "config": config_for(session_config)}
   return model_fn(features, labels, mode,
                   **{k: v for k, v in extra.items() if k in declared})
 

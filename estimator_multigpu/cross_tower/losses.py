@@ -71,9 +71,16 @@ def global_ratio(numerator: tf.Tensor, denominator: tf.Tensor,
     denominator: this tower's count; cast to the numerator's dtype.
     name: optional name scope.
 
+  An argument the same in every tower (what the global batch's rewrite
+  already made the global batch's value, such as `tf.maximum(num_matches,
+  1.0)` of a count of the batch, a constant, a variable) is one device's
+  value already and is not summed again.
+
   Returns:
     numerator / (wᵢ · Σⱼ denominatorⱼ), 0 for an empty shard (wᵢ = 0).
   """
+  numerator_global = global_batch.is_global(numerator)
+  denominator_global = global_batch.is_global(denominator)
   with tf.name_scope(name or "global_ratio"), global_batch.package_ops():
     numerator = tf.convert_to_tensor(numerator)
     denominator = tf.cast(denominator, numerator.dtype)
@@ -82,21 +89,30 @@ def global_ratio(numerator: tf.Tensor, denominator: tf.Tensor,
       ratio = numerator / denominator
       tf1.add_to_collection(NORMALIZERS, (ratio, denominator))
       return ratio
-    total = cross_tower_sum(denominator)
-    ratio = tf.math.divide_no_nan(numerator, _share(context, numerator.dtype)
-                                  * total)
+    total = denominator if denominator_global else cross_tower_sum(
+        denominator)
+    if numerator_global:  # one device's ratio, in every tower.
+      ratio = global_batch.share_of_global(numerator / total)
+    else:
+      ratio = tf.math.divide_no_nan(
+          numerator, _share(context, numerator.dtype) * total)
     tf1.add_to_collection(NORMALIZERS, (ratio, total))
     return global_batch.mark(ratio, "share")
 
 
 def tower_share(total, name: Optional[str] = None) -> tf.Tensor:
   """This tower's share of a sum over the global batch: Σᵢ of these over the
-  towers, combined by `multi_gpu`, is Σ total (`total` / wᵢ; 0 if wᵢ = 0)."""
+  towers, combined by `multi_gpu`, is Σ total (`total` / wᵢ; 0 if wᵢ = 0).
+  A `total` the same in every tower (the global batch's, made so by the
+  rewrite) counts once."""
+  total_global = global_batch.is_global(total)
   with tf.name_scope(name or "tower_share"), global_batch.package_ops():
     total = tf.convert_to_tensor(total)
     context = _context()
     if context is None:
       return tf.identity(total)
+    if total_global:  # the global batch's sum already, in every tower.
+      return global_batch.mark(global_batch.share_of_global(total), "share")
     return global_batch.mark(
         tf.math.divide_no_nan(total, _share(context, total.dtype)), "share")
 

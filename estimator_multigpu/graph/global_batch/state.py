@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import Optional
 
 import tensorflow as tf
 
@@ -65,6 +66,28 @@ def mark(tensor: tf.Tensor, kind_name: str) -> tf.Tensor:
   return tensor
 
 
+def is_global(tensor) -> Optional[bool]:
+  """Whether `tensor` (or a number) is the same in every tower being
+  rewritten, so it is already one device's value (a constant, a variable,
+  what a rewrite made the global batch's); None when no rewrite is active
+  (the towers' kinds are unknown)."""
+  rewrite = current()
+  if rewrite is None:
+    return None
+  if not isinstance(tensor, tf.Tensor):
+    return True
+  return rewrite.kind_of(tensor).is_uniform
+
+
+def share_of_global(value: tf.Tensor) -> tf.Tensor:
+  """A value the same in every tower (one device's) as this tower's term of
+  the towers' combination Σᵢ wᵢ·xᵢ, so it counts once: itself under "mean"
+  (Σᵢ wᵢ = 1), times the tower's share of the examples nᵢ/n under "sum"
+  (wᵢ = 1)."""
+  rewrite = current()
+  if rewrite is None or rewrite.share_kind != K.SUM:
+    return value
+  return tf.math.multiply_no_nan(value, tf.cast(rewrite.share, value.dtype))
 
 
 def readout_kind(tensor):
