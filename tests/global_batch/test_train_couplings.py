@@ -2,7 +2,6 @@
 towers, uneven batches and a batch smaller than the towers (contract 24)."""
 
 import pytest
-import tensorflow as tf
 
 import estimator_multigpu as emg
 
@@ -17,11 +16,6 @@ LOOPS = ("foldl_statistic", "map_fn_statistic")
 @pytest.mark.parametrize("towers,batch", [(2, 7), (3, 7), (3, 2)])
 def test_one_device_variables(name, towers, batch, session_config):
   loss_of = cases.TRAIN_LOSSES[name]
-  if (name == "batch_norm_moments" and batch < towers and
-      not tf.__version__.startswith("2.15")):
-    pytest.xfail("TF >= 2.16: tf.nn.moments on an empty shard gives a NaN "
-                 "the global statistics do not weigh out (the NaN guard "
-                 "stops the step; TF 2.15 is exact)")
   if name in LOOPS:
     pytest.xfail("tf.map_fn / tf.foldl bodies are kept per shard (a While "
                  "op is not rewritten yet): not one device's")

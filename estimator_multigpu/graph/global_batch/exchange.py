@@ -42,6 +42,8 @@ def gather(x: tf.Tensor, axis: int) -> tuple:
   if axis:
     inverse = [perm.index(i) for i in range(len(perm))]
     joined = tf.transpose(joined, inverse)
+  joined.set_shape(_rows_unknown(x.shape if not axis else tf.TensorShape(
+      [x.shape[i] for i in inverse]), axis))
   return joined, offset, rows
 
 
@@ -49,8 +51,8 @@ def _concat(x: tf.Tensor) -> tf.Tensor:
   """All-gather along axis 0; other axes of sizes unknown to the graph go
   through as one flat axis (a collective keeps the shape it first ran with
   unless only its rows vary: `collectives._key_for_rows`)."""
-  if x.shape.rank is not None and x.shape.rank > 1 and (
-      not x.shape[1:].is_fully_defined()):
+  if x.shape.rank is None or x.shape.rank > 1 and (
+      not x.shape[1:].is_fully_defined()):  # (a tf.cond's of unknown rank)
     inner = tf.shape(x)[1:]
     flat = _concat(tf.reshape(x, [-1]))
     return tf.reshape(flat, tf.concat([[-1], inner], 0))
@@ -101,8 +103,20 @@ def combined(x: tf.Tensor, op_type: str) -> tf.Tensor:
 
 def rows_back(y: tf.Tensor, axis: int, offset, rows) -> tf.Tensor:
   """This tower's `rows` rows of `y` along `axis`, from `offset`."""
-  rank = y.shape.rank
+  rank = y.shape.rank if y.shape.rank is not None else tf.rank(y)
   begin = tf.one_hot(axis, rank, dtype=tf.int32) * tf.cast(offset, tf.int32)
   size = tf.tensor_scatter_nd_update(-tf.ones([rank], tf.int32), [[axis]],
                                      [tf.cast(rows, tf.int32)])
-  return tf.slice(y, begin, size)
+  back = tf.slice(y, begin, size)
+  back.set_shape(_rows_unknown(y.shape, axis))
+  return back
+
+
+def _rows_unknown(shape: tf.TensorShape, axis: int) -> tf.TensorShape:
+  """`shape` with its batch axis of any size (the other axes kept, so
+  what reads the rows builds as on one device)."""
+  if shape.rank is None:
+    return shape
+  dims = shape.as_list()
+  dims[axis] = None
+  return tf.TensorShape(dims)

@@ -62,7 +62,28 @@ def _probe_shape(tensor: tf.Tensor, axis: int):
   if dims.rank is None:
     return None
   dims = dims.as_list()
+  if tensor.op.type == "Pack" and len(tensor.op.inputs) == len(dims):
+    dims = [d if d is not None else _dim_of(t)
+            for d, t in zip(dims, tensor.op.inputs)]
   dims[axis] = PROBE_ROWS
   if any(d is None for d in dims):
     return None
   return np.array(dims, dtype=tensor.dtype.as_numpy_dtype)
+
+
+def _dim_of(entry: tf.Tensor):
+  """A static axis size an entry of a shape reads: `tf.unstack(tf.shape(x))`'s
+  or `tf.shape(x)[i]`'s, where x's axis i is known; else None."""
+  op, index = entry.op, entry.value_index
+  if op.type == "StridedSlice" and op.inputs[0].op.type == "Shape":
+    begin = tensor_util.constant_value(op.inputs[1])
+    index = int(begin[0]) if begin is not None and begin.size == 1 else None
+    op = op.inputs[0].op
+  elif op.type == "Unpack" and op.inputs[0].op.type == "Shape":
+    op = op.inputs[0].op
+  else:
+    return None
+  shape = op.inputs[0].shape
+  if index is None or shape.rank is None or not -shape.rank <= index < shape.rank:
+    return None
+  return shape[index]

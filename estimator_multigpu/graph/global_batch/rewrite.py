@@ -23,6 +23,7 @@ from estimator_multigpu.compat import op_hooks
 from estimator_multigpu.graph.global_batch import exchange
 from estimator_multigpu.graph.global_batch import kinds as K
 from estimator_multigpu.graph.global_batch import probe
+from estimator_multigpu.graph.global_batch import shape_rules
 from estimator_multigpu.graph.global_batch import table
 from estimator_multigpu.graph.global_batch.op_view import OpView
 
@@ -111,12 +112,14 @@ class TowerRewrite:
     share_kind: the kind of a loss share (`MEAN` for "mean", else `SUM`).
     shared: the graph's `Shared`.
     mark: called with (tensor, kind) for every tensor a rewrite returns.
+    may_be_empty: whether a shard may be empty (a mean over the batch axis
+      is then 0, not NaN, there; every tower builds it alike).
   """
 
   def __init__(self, tower_index: int, leaves: list, share: Any,
                share_kind: K.Kind, shared: Shared,
-               mark: Optional[Callable] = None):
-    self.tower_index = tower_index
+               mark: Optional[Callable] = None, may_be_empty: bool = False):
+    self.tower_index, self.may_be_empty = tower_index, may_be_empty
     self.graph = tf1.get_default_graph()
     self.kinds = {t.ref(): k for t, k in leaves}
     self.share, self.share_kind, self.shared = share, share_kind, shared
@@ -162,6 +165,13 @@ class TowerRewrite:
       return self._write(view, graph)
     verdict = table.classify(view)
     if isinstance(verdict, list):
+      shape = shape_rules.reshaped_rows(view)
+      if shape is not None:
+        outputs[0].set_shape(shape)
+      if verdict == [K.MEAN] and view.type == "Mean" and self.may_be_empty and (
+          graph is self.graph and not self.suspended and
+          view.inputs[0].dtype.is_floating):
+        return self._mean_or_zero(view.op)
       return self._keep(outputs, verdict, inputs)
     loop = _loop_of(graph, self.graph)
     if loop is not None and verdict != K.GLOBALLY and not self.suspended and (
@@ -209,6 +219,22 @@ class TowerRewrite:
         pair.discard(K.UNIFORM)
       kinds.append(pair.pop() if len(pair) == 1 else K.LOCAL)
     return kinds
+
+  def _mean_or_zero(self, op: tf.Operation) -> list:
+    """A mean over the batch axis that is 0, not 0/0, on an empty shard (a
+    MEAN weighs it by 0, but a NaN would still reach the gradients through
+    what multiplies it: `mean * rsqrt(variance)`)."""
+    values, axes = op.inputs
+    self.suspended += 1
+    try:
+      total = tf.reduce_sum(values, axes, keepdims=op.get_attr("keep_dims"))
+      count = tf.cast(tf.size(values), total.dtype) / tf.cast(
+          tf.maximum(tf.size(total), 1), total.dtype)
+      mean = tf.math.divide_no_nan(total, count)
+    finally:
+      self.suspended -= 1
+    self.set_kind(mean, K.MEAN)
+    return [mean]
 
   def tower_loss(self, loss: tf.Tensor) -> tf.Tensor:
     """`loss` as the towers' combination counts it: of the loss reduction's

@@ -43,6 +43,8 @@ def scope_factory(split, shares: list, loss_reduction: str,
   `TowerRewrite` (`towers_out` collects them, in tower order)."""
   shared = Shared()
   share_kind = kinds.MEAN if loss_reduction == "mean" else kinds.SUM
+  # Every tower builds the same ops (what pairs a hook's fetch by position).
+  any_empty = any(split.may_be_empty(i) for i in range(len(split.shards)))
 
   @contextlib.contextmanager
   def scope(tower):
@@ -50,7 +52,8 @@ def scope_factory(split, shares: list, loss_reduction: str,
     rewrite = TowerRewrite(
         tower.index, shard_kinds(split.shards[tower.index]),
         shares[tower.index], share_kind, shared,
-        mark=(analysis.mark if analysis is not None else None))
+        mark=(analysis.mark if analysis is not None else None),
+        may_be_empty=any_empty)
     with state.tower_scope(rewrite):
       yield
       output = getattr(tower, "output", None)

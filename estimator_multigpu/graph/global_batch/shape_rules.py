@@ -9,10 +9,12 @@ entry of it is the shard's size (`SUM`: the towers' sizes add up).
 from __future__ import annotations
 
 import numpy as np
+import tensorflow as tf
 
 from estimator_multigpu.graph.global_batch import kinds as K
 from estimator_multigpu.graph.global_batch.op_view import leads_with_minus_one
 from estimator_multigpu.graph.global_batch.op_view import OpView
+from estimator_multigpu.graph.global_batch.op_view import static_value
 
 _BIG = 1 << 30
 
@@ -161,6 +163,41 @@ def reshape(view: OpView):
   return K.GLOBALLY
 
 
+def reshaped_rows(view: OpView):
+  """The static shape one device gives `tf.reshape(x, [tf.shape(x)[0], -1,
+  ...])` (the shard's size first, other entries static, one may be -1), with
+  the batch axis of any size; None where the graph knows it already or the
+  target is another one. One device's batch is static, so the -1 is
+  inferred there; a tower's is not."""
+  if view.type != "Reshape" or view.kinds[:2] != [K.rows(0), K.shape_of(0)]:
+    return None
+  out = view.op.outputs[0].shape
+  target, inner = view.inputs[1], view.static_dims(0, 1)
+  if (out.rank is None or out[1:].is_fully_defined() or inner is None or
+      target.op.type != "Pack" or not _reads_batch(target.op.inputs[0])):
+    return None
+  entries = [static_value(t) for t in target.op.inputs[1:]]
+  if any(e is None for e in entries) or [int(e) for e in entries].count(-1) > 1:
+    return None
+  known = int(np.prod([int(e) for e in entries if int(e) != -1]))
+  total = int(np.prod(inner))
+  if not known or total % known:
+    return None
+  return tf.TensorShape([None] + [total // known if int(e) == -1 else int(e)
+                                  for e in entries])
+
+
+def _reads_batch(entry) -> bool:
+  """Whether `entry` is the size of a tensor's axis 0 (`tf.shape(x)[0]`)."""
+  op = entry.op
+  if op.type == "StridedSlice" and op.inputs[0].op.type == "Shape":
+    begin = static_value(op.inputs[1])
+    return begin is not None and np.size(begin) == 1 and int(
+        np.ravel(begin)[0]) == 0
+  return (op.type == "Unpack" and op.inputs[0].op.type == "Shape" and
+          entry.value_index == 0)
+
+
 def fill(view: OpView):
   """Filled to the shape of the shard's rows (`tf.zeros(tf.shape(x))`)."""
   dims, value = view.kinds
@@ -287,14 +324,24 @@ def squeeze(view: OpView):
   return [K.rows(kind.axis - sum(d < kind.axis for d in dims))]
 
 
+def _packed_entry(arg, axis: int):
+  """Entry `axis` of a `Pack`ed argument whose other entries the graph may
+  not fix (`tf.tile(x, [1, 1, tf.shape(y)[2]])`), or None."""
+  if arg.op.type != "Pack" or axis >= len(arg.op.inputs):
+    return None
+  entry = static_value(arg.op.inputs[axis])
+  return None if entry is None else np.atleast_1d(entry)
+
+
 def pad_or_tile(view: OpView):
   """Padding or tiling another axis than the batch's; a uniform tile to the
   shard's rows."""
   kind, arg = view.kinds[:2]
   value = view.const(1)
   if kind.is_rows and all(k.is_uniform for k in view.kinds[1:]) and (
-      value is not None):
-    row = np.atleast_1d(value[kind.axis]) if len(value) > kind.axis else None
+      value is not None or _packed_entry(view.inputs[1], kind.axis) is not None):
+    row = (_packed_entry(view.inputs[1], kind.axis) if value is None else
+           np.atleast_1d(value[kind.axis]) if len(value) > kind.axis else None)
     keeps = (row is not None and
              (list(row) == [0, 0] if view.type != "Tile" else list(row) ==
               [1]))

@@ -90,6 +90,15 @@ def share_of_global(value: tf.Tensor) -> tf.Tensor:
   return tf.math.multiply_no_nan(value, tf.cast(rewrite.share, value.dtype))
 
 
+def kind_of(tensor) -> Optional[str]:
+  """The kind (`kinds.Kind`'s repr: "rows@0", "local", "mean", ...) the
+  tower being built gave `tensor`; None without a rewrite."""
+  rewrite = current()
+  if rewrite is None or not isinstance(tensor, tf.Tensor):
+    return None
+  return repr(rewrite.kind_of(tensor))
+
+
 def readout_kind(tensor):
   """What the tower being built knows `tensor` is, for a readout: "rows"
   (per example along axis 0, or rows counted by their values), "mean" or

@@ -137,7 +137,7 @@ def _statistics(view: OpView) -> Verdict:
   stat = stats.pop()
   count = len(view.of(stat.name))
   uniform = len(view.kinds) - count
-  if view.type in _PASS:
+  if view.type in _PASS and not _rounds(view):
     return [stat]
   if view.type in _ADDS and (not uniform or stat == K.MEAN):
     return [stat]
@@ -147,6 +147,16 @@ def _statistics(view: OpView) -> Verdict:
       view.inputs[0].dtype.is_floating):
     return [stat]
   return K.LOCALLY
+
+
+def _rounds(view: OpView) -> bool:
+  """A cast that rounds (to an integer or a bool from a float) does not
+  commute with the towers' combination: Σᵢ int(xᵢ) is not int(Σᵢ xᵢ)."""
+  if view.type != "Cast":
+    return False
+  dst = view.op.outputs[0].dtype
+  return not dst.is_floating and (view.inputs[0].dtype.is_floating or
+                                  dst == "bool")
 
 
 def reduction(view: OpView) -> Verdict:
