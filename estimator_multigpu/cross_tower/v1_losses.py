@@ -19,13 +19,8 @@ shaped [examples, fixed dims]) with `loss_reduction="mean"` needs none of
 this: its normalizer is a fixed multiple of the tower's examples, so
 Σᵢ (nᵢ/n)·meanᵢ is the global mean already. It stays TensorFlow's own, with
 no communication between the towers.
-
-Inside a tower the global batch's rewrite builds (the default), every other
-term is TensorFlow's own `compute_weighted_loss`, whose ops the rewrite
-makes the global batch's like the model_fn's (a sum over a count of rows:
-both made global); so is a mean of rows counted by their values (`tf.where`,
-`tf.boolean_mask`: their count is not nᵢ). The shares above are then only
-`multi_gpu(global_batch=False)`'s.
+A mean of rows counted by their values (`tf.where`, `tf.boolean_mask`:
+their count is not nᵢ, as the global batch's rewrite knows) is not.
 """
 
 from __future__ import annotations
@@ -67,11 +62,6 @@ def _compute_weighted_loss(losses, weights=1.0, scope=None,
                            loss_collection=tf1.GraphKeys.LOSSES,
                            reduction=Reduction.SUM_BY_NONZERO_WEIGHTS):
   """`compute_weighted_loss` over the global batch (see the module doc)."""
-  if global_batch.current() is not None and not _tower_mean_is_exact(
-      losses, weights, reduction):
-    with _local_means():  # TensorFlow's own ops, which the rewrite makes
-      return _ORIGINAL["compute_weighted_loss"](  # the global batch's.
-          losses, weights, scope, loss_collection, reduction)
   with global_batch.package_ops():
     loss = _weighted_loss(losses, weights, scope, loss_collection, reduction)
   return loss if reduction == Reduction.NONE else global_batch.mark(
@@ -100,8 +90,7 @@ def _tower_mean_is_exact(losses, weights, reduction) -> bool:
   and its loss weight is its share of them (nᵢ/n): then Σᵢ (nᵢ/n)·meanᵢ is
   already the global mean, with no communication. So for a per-example mean
   (scalar weights, or `SUM_OVER_BATCH_SIZE`) of losses shaped [examples,
-  fixed dims...]. Otherwise, inside a tower the global batch's rewrite
-  builds, TensorFlow's own ops are rewritten like the model_fn's."""
+  fixed dims...] of the shard's own rows."""
   context = context_lib.current()
   if context is None or not context.example_shares:
     return False

@@ -133,11 +133,24 @@ def linear_model_fn(features, labels, mode):
       mode, loss=tf1.losses.mean_squared_error(labels, predictions))
 
 
+def test_writes_of_many_layers_are_one_devices(caplog, session_config):
+  """By default each moving mean is written from the global batch's mean,
+  once per step: one device's values, no warning."""
+  want, _ = harness.train(model_fn_with(hand_written_batch_norms), X, Y, 1,
+                          session_config)
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    got, _ = harness.train(model_fn_with(hand_written_batch_norms), X, Y, 1,
+                           session_config, num_towers=2)
+  assert not [w for w in warnings_of(caplog) if "shard only" in w]
+  harness.assert_same_variables(got, want)
+
+
 def test_writes_of_many_layers_are_one_line_naming_them(caplog,
                                                         session_config):
+  """With global_batch=False they are tower 0's: one line names them all."""
   with caplog.at_level(logging.WARNING, logger="absl"):
     harness.train(model_fn_with(hand_written_batch_norms), X, Y, 1,
-                  session_config, num_towers=2)
+                  session_config, num_towers=2, global_batch=False)
   warnings = [w for w in warnings_of(caplog) if "shard only" in w]
   assert len(warnings) == 1, warnings
   for i in range(LAYERS):
@@ -160,10 +173,11 @@ def test_the_plan_line_of_eval_and_predict_names_no_gradients(
 
 @pytest.mark.parametrize("image_shaped", [False, True], ids=["moments",
                                                             "fused"])
-def test_a_write_of_a_batch_norm_output_is_still_named(image_shaped, caplog,
-                                                      session_config):
+def test_a_write_of_a_batch_norm_output_adds_no_warning(image_shaped, caplog,
+                                                       session_config):
   """A moving mean of what a batch-norm layer outputs (not of its
-  statistics) stays tower 0's shard's: named, beside the layer's warning."""
+  statistics) is written from the global batch's mean of those outputs:
+  the layer's own warning (local statistics) is the only one."""
 
   def model_fn(features, labels, mode):
     h = tf1.layers.dense(features, 4)
@@ -182,9 +196,8 @@ def test_a_write_of_a_batch_norm_output_is_still_named(image_shaped, caplog,
   with caplog.at_level(logging.WARNING, logger="absl"):
     harness.train(model_fn, X, Y, 1, session_config, num_towers=2)
   warnings = warnings_of(caplog)
-  assert len(warnings) == 2, warnings
+  assert len(warnings) == 1, warnings
   assert "batch norm in training" in warnings[0]
-  assert "updates `centers` (AssignSubVariableOp" in warnings[1]
 
 
 def test_an_unwrapped_optimizer_is_the_error_alone(caplog, session_config):

@@ -114,10 +114,6 @@ def data(batch):
 @pytest.mark.parametrize("towers,batch", [(2, 7), (3, 7), (3, 2)])
 def test_state_of_the_examples_is_one_devices(style, towers, batch,
                                               session_config, caplog):
-  if style.startswith("moving_statistics"):
-    pytest.xfail("a write of a statistic of the shard is tower 0's (the "
-                 "state_updates warning): making it global broke the "
-                 "warnings of 6 tests that it would have to replace")
   fn = make_model_fn(STYLES[style](batch))
   features, labels = data(batch)
   want, _ = harness.train(fn, features, labels, 3, session_config)

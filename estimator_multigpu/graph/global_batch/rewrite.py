@@ -271,11 +271,13 @@ class TowerRewrite:
   def _write(self, view: OpView, graph) -> None:
     """An op without outputs (a variable's write) of the shard's rows (a
     scatter of per-example ids and values, rows beside the global batch's
-    values): its rows are gathered and its statistics made global, so it
+    values) or of a statistic of the shard (a moving average of the batch's
+    mean): its rows are gathered and its statistics made global, so it
     writes the global batch's values, once per step, in one device's order
-    (tower 0's write: `state_updates`). A write of a statistic alone stays
-    tower 0's (`state_updates` warns)."""
-    touched = [i for i, k in enumerate(view.kinds) if k.is_rows]
+    (tower 0's write: `state_updates`)."""
+    writes = any(t.dtype == tf.resource for t in view.inputs)
+    touched = [i for i, k in enumerate(view.kinds) if k.is_rows or writes and (
+        k.is_statistic or k.is_shape)]  # (an assert of a shape: not a write)
     if not touched or graph is not self.graph or self.suspended:
       return None
     record = Rewrite(view.type, view.op.name, K.GLOBALLY)
